@@ -1,0 +1,652 @@
+"""Hugging Face checkpoint interop: ``config.json`` + safetensors + ``tokenizer.json``.
+
+Reads and writes the on-disk format of ``Qwen2ForCausalLM`` and ``LlamaForCausalLM`` checkpoints
+so that a model trained here loads in ``transformers.AutoModelForCausalLM.from_pretrained`` and
+vice versa. Only the ``hf`` extra (``safetensors``, ``tokenizers``) is needed; torch and
+transformers are never imported.
+
+Public API:
+  config_from_hf(hf_config)                     -> TransformerConfig
+  config_to_hf(config, architecture)            -> dict (config.json contents)
+  load_pretrained(path, dtype=, param_dtype=)   -> Transformer
+  save_pretrained(model, path, architecture=, max_shard_bytes=, ...)
+  load_tokenizer(path)                          -> Tokenizer
+
+Weight layout: Hugging Face ``nn.Linear`` weights are ``[out, in]``; the NNX ``Linear`` kernels
+here are ``[in, out]``, so projection weights are transposed on the way in and out. Embedding
+``[V, E]`` and norm ``[E]`` tensors keep their layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+
+from rlpost.models.transformer import Llama3RopeScaling, Transformer, TransformerConfig
+
+# Short architecture names accepted by ``config_to_hf`` / ``save_pretrained``.
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+_MODEL_TYPES = {v: k for k, v in ARCHITECTURES.items()}
+
+SAFE_WEIGHTS_NAME = "model.safetensors"
+SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+CONFIG_NAME = "config.json"
+
+# Tensors that some exporters write but that carry no parameters of this model.
+_HARMLESS_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+
+_NP_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
+              "float16": np.dtype(np.float16)}
+
+
+# --------------------------------------------------------------------------------------------
+# config.json
+# --------------------------------------------------------------------------------------------
+
+def _architecture_of(hf: dict) -> str:
+  """Short architecture name ("qwen2" | "llama") from ``architectures`` or ``model_type``."""
+  archs = hf.get("architectures")
+  if archs:
+    if isinstance(archs, str):
+      archs = [archs]
+    arch = archs[0]
+    if arch not in _MODEL_TYPES:
+      raise ValueError(
+          f"config.json key 'architectures' is {archs!r}; supported: {sorted(_MODEL_TYPES)}")
+    return _MODEL_TYPES[arch]
+  model_type = hf.get("model_type")
+  if model_type not in ARCHITECTURES:
+    raise ValueError(
+        f"config.json has no 'architectures' and its key 'model_type' is {model_type!r}; "
+        f"supported: {sorted(ARCHITECTURES)}")
+  return model_type
+
+
+def _required(hf: dict, key: str):
+  if hf.get(key) is None:
+    raise ValueError(f"config.json is missing the required key {key!r}")
+  return hf[key]
+
+
+def _rope_from_hf(hf: dict) -> tuple[float, Llama3RopeScaling | None]:
+  """(rope_theta, scaling) from either the transformers 4.x or 5.x layout.
+
+  4.x: top-level ``rope_theta`` and an optional ``rope_scaling`` dict.
+  5.x: ``rope_parameters = {"rope_type": ..., "rope_theta": ..., <scaling keys>}``.
+  """
+  params = hf.get("rope_parameters")
+  key = "rope_parameters"
+  if params is None:
+    params, key = hf.get("rope_scaling"), "rope_scaling"
+  params = dict(params or {})
+  if params and all(isinstance(v, dict) for v in params.values()):
+    raise ValueError(f"config.json key {key!r} holds per-layer-type RoPE parameters "
+                     f"({sorted(params)}); only a single RoPE is supported")
+  theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+  if theta is None:
+    theta = 10000.0
+  partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+  if partial not in (None, 1, 1.0):
+    raise ValueError(f"config.json key 'partial_rotary_factor' = {partial!r} is not supported "
+                     "(only full rotary embeddings)")
+  rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+  if rope_type == "default":
+    return float(theta), None
+  if rope_type == "llama3":
+    try:
+      scaling = Llama3RopeScaling(
+          factor=float(params["factor"]),
+          low_freq_factor=float(params["low_freq_factor"]),
+          high_freq_factor=float(params["high_freq_factor"]),
+          original_max_position_embeddings=int(params["original_max_position_embeddings"]))
+    except KeyError as e:
+      raise ValueError(f"config.json key {key!r} (rope_type 'llama3') is missing {e}") from None
+    return float(theta), scaling
+  raise ValueError(f"config.json key {key!r} has rope_type {rope_type!r}; supported: "
+                   "'default' (or no scaling) and 'llama3'")
+
+
+def _check_sliding_window(hf: dict, num_layers: int, max_seq_len: int) -> None:
+  """Raise if any layer would use sliding-window attention within ``max_seq_len`` tokens.
+
+  As in transformers' Qwen2: the window is ``sliding_window`` if ``use_sliding_window`` else
+  none; the layers that use it are the "sliding_attention" entries of ``layer_types``, or
+  (without ``layer_types``) those with index >= ``max_window_layers``.
+  """
+  layer_types = hf.get("layer_types")
+  if layer_types is not None:
+    unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+    if unknown:
+      raise ValueError(f"config.json key 'layer_types' contains unsupported {unknown}")
+  window = hf.get("sliding_window") if hf.get("use_sliding_window", False) else None
+  if window is None or window >= max_seq_len:
+    return
+  if layer_types is not None:
+    sliding = [i for i, t in enumerate(layer_types) if t == "sliding_attention"]
+  else:
+    sliding = list(range(int(hf.get("max_window_layers", num_layers)), num_layers))
+  if sliding:
+    raise ValueError(
+        f"config.json key 'use_sliding_window' is true with 'sliding_window' = {window} < "
+        f"'max_position_embeddings' = {max_seq_len} on layers {sliding}; sliding-window "
+        "attention is not supported")
+
+
+def config_from_hf(hf_config: dict, *, dtype: str = "float32",
+                   param_dtype: str | None = None) -> TransformerConfig:
+  """TransformerConfig from a ``Qwen2ForCausalLM`` / ``LlamaForCausalLM`` config.json dict.
+
+  Args:
+    hf_config: the parsed config.json (transformers 4.x or 5.x layout).
+    dtype: activation / matmul dtype name ("float32", "bfloat16", "float16").
+    param_dtype: parameter dtype name; defaults to ``dtype``.
+
+  Raises:
+    ValueError naming the offending key for an unsupported architecture, activation, RoPE
+    scaling type, MLP / output-projection bias, or sliding-window attention in use.
+  """
+  hf = hf_config
+  arch = _architecture_of(hf)
+  act = hf.get("hidden_act", "silu")
+  if act != "silu":
+    raise ValueError(f"config.json key 'hidden_act' is {act!r}; only 'silu' is supported")
+  if hf.get("mlp_bias"):
+    raise ValueError("config.json key 'mlp_bias' is true; MLP biases are not supported")
+  if arch == "qwen2":
+    qkv_bias = True
+  else:
+    if hf.get("attention_bias"):
+      raise ValueError(
+          "config.json key 'attention_bias' is true for a Llama model; that adds a bias to "
+          "o_proj, which is not supported (Qwen2-style q/k/v-only biases are)")
+    qkv_bias = False
+  hidden = int(_required(hf, "hidden_size"))
+  heads = int(_required(hf, "num_attention_heads"))
+  kv_heads = hf.get("num_key_value_heads") or heads
+  head_dim = hf.get("head_dim")
+  if head_dim is not None and hidden % heads == 0 and head_dim == hidden // heads:
+    head_dim = None
+  num_layers = int(_required(hf, "num_hidden_layers"))
+  default_max = 32768 if arch == "qwen2" else 2048
+  max_seq_len = int(hf.get("max_position_embeddings") or default_max)
+  _check_sliding_window(hf, num_layers, max_seq_len)
+  theta, scaling = _rope_from_hf(hf)
+  return TransformerConfig(
+      vocab_size=int(_required(hf, "vocab_size")),
+      hidden_size=hidden,
+      num_layers=num_layers,
+      num_heads=heads,
+      num_kv_heads=int(kv_heads),
+      intermediate_size=int(_required(hf, "intermediate_size")),
+      head_dim=None if head_dim is None else int(head_dim),
+      rope_theta=theta,
+      rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+      qkv_bias=qkv_bias,
+      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      max_seq_len=max_seq_len,
+      dtype=dtype,
+      param_dtype=param_dtype or dtype,
+      init_std=float(hf.get("initializer_range", 0.02)),
+      rope_scaling=scaling,
+  )
+
+
+def _short_arch(architecture: str) -> str:
+  if architecture in ARCHITECTURES:
+    return architecture
+  if architecture in _MODEL_TYPES:
+    return _MODEL_TYPES[architecture]
+  raise ValueError(f"unsupported architecture {architecture!r}; supported: "
+                   f"{sorted(ARCHITECTURES)} or {sorted(_MODEL_TYPES)}")
+
+
+def config_to_hf(config: TransformerConfig, architecture: str = "qwen2") -> dict:
+  """config.json contents for ``config`` as a Qwen2 or Llama causal LM.
+
+  Written in the transformers 4.x layout (top-level ``rope_theta``, ``rope_scaling``), which
+  transformers 5.x also reads. ``architecture`` is "qwen2" / "llama" or the class name.
+  Raises ValueError if the config has no exact equivalent in that architecture (Qwen2 always
+  has q/k/v biases; Llama cannot have them without an o_proj bias).
+  """
+  arch = _short_arch(architecture)
+  if arch == "qwen2" and not config.qkv_bias:
+    raise ValueError("architecture 'qwen2' always has q/k/v biases but config.qkv_bias is "
+                     "False; use architecture='llama'")
+  if arch == "llama" and config.qkv_bias:
+    raise ValueError("architecture 'llama' cannot express q/k/v biases without an o_proj "
+                     "bias (config.qkv_bias is True); use architecture='qwen2'")
+  scaling = None
+  if config.rope_scaling is not None:
+    scaling = {"rope_type": "llama3", **dataclasses.asdict(config.rope_scaling)}
+  hf: dict[str, Any] = {
+      "architectures": [ARCHITECTURES[arch]],
+      "model_type": arch,
+      "vocab_size": config.vocab_size,
+      "hidden_size": config.hidden_size,
+      "intermediate_size": config.intermediate_size,
+      "num_hidden_layers": config.num_layers,
+      "num_attention_heads": config.num_heads,
+      "num_key_value_heads": config.num_kv_heads,
+      "head_dim": config.resolved_head_dim,
+      "hidden_act": "silu",
+      "max_position_embeddings": config.max_seq_len,
+      "initializer_range": config.init_std,
+      "rms_norm_eps": config.rms_norm_eps,
+      "rope_theta": config.rope_theta,
+      "rope_scaling": scaling,
+      "tie_word_embeddings": config.tie_embeddings,
+      "attention_dropout": 0.0,
+      "use_cache": True,
+      "torch_dtype": config.param_dtype,
+  }
+  if arch == "qwen2":
+    hf.update(use_sliding_window=False, sliding_window=None,
+              max_window_layers=config.num_layers)
+  else:
+    hf.update(attention_bias=False, mlp_bias=False)
+  return hf
+
+
+# --------------------------------------------------------------------------------------------
+# Parameter-name mapping
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+  hf_name: str
+  path: tuple  # NNX state path
+  transpose: bool  # Linear kernel: HF [out, in] <-> NNX [in, out]
+
+
+def _param_map(cfg: TransformerConfig) -> list[_Entry]:
+  """Every parameter of ``Transformer(cfg)`` with its Hugging Face tensor name."""
+  entries = [_Entry("model.embed_tokens.weight", ("embed", "embedding"), False),
+             _Entry("model.norm.weight", ("final_norm", "scale"), False)]
+  if not cfg.tie_embeddings:
+    entries.append(_Entry("lm_head.weight", ("lm_head", "kernel"), True))
+  for i in range(cfg.num_layers):
+    pre = f"model.layers.{i}."
+    entries += [
+        _Entry(pre + "input_layernorm.weight", ("layers", i, "input_norm", "scale"), False),
+        _Entry(pre + "post_attention_layernorm.weight",
+               ("layers", i, "post_attn_norm", "scale"), False),
+    ]
+    for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+      entries.append(_Entry(f"{pre}self_attn.{proj}.weight",
+                            ("layers", i, "attn", proj, "kernel"), True))
+      if cfg.qkv_bias and proj != "o_proj":
+        entries.append(_Entry(f"{pre}self_attn.{proj}.bias",
+                              ("layers", i, "attn", proj, "bias"), False))
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+      entries.append(_Entry(f"{pre}mlp.{proj}.weight", ("layers", i, "mlp", proj, "kernel"),
+                            True))
+  return entries
+
+
+def _hf_shape(shape: Sequence[int], transpose: bool) -> tuple[int, ...]:
+  return tuple(reversed(shape)) if transpose else tuple(shape)
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+def _read_json(path: Path) -> dict:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{path} not found") from None
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is not valid JSON: {e}") from None
+
+
+def _weight_files(path: Path) -> dict[str, Path]:
+  """Tensor name -> safetensors file, from model.safetensors or the sharded index."""
+  from safetensors import safe_open
+
+  single = path / SAFE_WEIGHTS_NAME
+  index = path / SAFE_WEIGHTS_INDEX_NAME
+  if single.exists():
+    with safe_open(single, framework="numpy") as f:
+      return {name: single for name in f.keys()}
+  if index.exists():
+    weight_map = _read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+      raise ValueError(f"{index} has no 'weight_map' object")
+    files = {}
+    for name, shard in weight_map.items():
+      shard_path = path / shard
+      if not shard_path.exists():
+        raise FileNotFoundError(f"shard {shard!r} listed in {index} for tensor {name!r} "
+                                "not found")
+      files[name] = shard_path
+    return files
+  raise FileNotFoundError(f"no {SAFE_WEIGHTS_NAME} or {SAFE_WEIGHTS_INDEX_NAME} in {path} "
+                          "(only safetensors checkpoints are supported)")
+
+
+def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32",
+                    param_dtype: str | None = None) -> Transformer:
+  """Load a Hugging Face Qwen2 / Llama checkpoint directory into a ``Transformer``.
+
+  Args:
+    path: directory with config.json and model.safetensors or model.safetensors.index.json
+      (+ shards).
+    dtype: activation / matmul dtype name.
+    param_dtype: dtype the parameters are cast to (defaults to ``dtype``), whatever dtype the
+      checkpoint stores.
+
+  The module is built abstractly (``nnx.eval_shape``), so no random initialisation runs.
+  Raises ValueError naming the tensor(s) for missing or unexpected tensors and for shape
+  mismatches (with expected and found shapes and the file); FileNotFoundError for missing
+  files.
+  """
+  from safetensors import safe_open
+
+  path = Path(path)
+  config = config_from_hf(_read_json(path / CONFIG_NAME), dtype=dtype, param_dtype=param_dtype)
+  files = _weight_files(path)
+  entries = _param_map(config)
+  expected = {e.hf_name for e in entries}
+  missing = [e.hf_name for e in entries if e.hf_name not in files]
+  if missing:
+    raise ValueError(f"checkpoint {path} is missing {len(missing)} tensor(s): {missing[:20]}")
+  ignored = set()
+  if config.tie_embeddings:
+    ignored.add("lm_head.weight")  # transformers also ignores it and re-ties to the embedding
+  unexpected = sorted(n for n in files if n not in expected and n not in ignored
+                      and not _HARMLESS_TENSORS.search(n))
+  if unexpected:
+    raise ValueError(f"checkpoint {path} has {len(unexpected)} unexpected tensor(s) for a "
+                     f"{config.num_layers}-layer model with tie_embeddings="
+                     f"{config.tie_embeddings}: {unexpected[:20]}")
+
+  abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+  graphdef, abstract_state = nnx.split(abstract)
+  abstract_flat = dict(nnx.to_flat_state(abstract_state))
+  unmapped = sorted(set(abstract_flat) - {e.path for e in entries}, key=str)
+  if unmapped:
+    raise AssertionError(f"parameters without a Hugging Face name: {unmapped}")
+  target = _NP_DTYPES[config.param_dtype]
+
+  by_file: dict[Path, list[_Entry]] = {}
+  for e in entries:
+    by_file.setdefault(files[e.hf_name], []).append(e)
+  arrays: dict[tuple, jax.Array] = {}
+  for file, file_entries in by_file.items():
+    with safe_open(file, framework="numpy") as f:
+      for e in file_entries:
+        want = _hf_shape(abstract_flat[e.path].shape, e.transpose)
+        sl = f.get_slice(e.hf_name)
+        found = tuple(sl.get_shape())
+        if found != want:
+          raise ValueError(f"tensor {e.hf_name!r} in {file} has shape {found}, expected "
+                           f"{want} from config.json")
+        if sl.get_dtype() not in ("F32", "F16", "BF16", "F64"):
+          raise ValueError(f"tensor {e.hf_name!r} in {file} has dtype {sl.get_dtype()}, "
+                           "expected a floating-point dtype")
+        x = f.get_tensor(e.hf_name)
+        if e.transpose:
+          x = x.T
+        arrays[e.path] = jnp.asarray(np.ascontiguousarray(x.astype(target, copy=False)))
+
+  flat = [(p, var.replace(arrays[p])) for p, var in abstract_flat.items()]
+  return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+# --------------------------------------------------------------------------------------------
+# Saving
+# --------------------------------------------------------------------------------------------
+
+def _shards(tensors: dict[str, np.ndarray], max_shard_bytes: int | None) -> list[list[str]]:
+  """Greedy, order-preserving split of tensor names into shards of <= max_shard_bytes.
+
+  A tensor larger than the limit gets a shard of its own.
+  """
+  names = list(tensors)
+  if max_shard_bytes is None or sum(t.nbytes for t in tensors.values()) <= max_shard_bytes:
+    return [names]
+  shards, current, size = [], [], 0
+  for name in names:
+    n = tensors[name].nbytes
+    if current and size + n > max_shard_bytes:
+      shards.append(current)
+      current, size = [], 0
+    current.append(name)
+    size += n
+  if current:
+    shards.append(current)
+  return shards
+
+
+def save_pretrained(model: Transformer, path: str | os.PathLike, *,
+                    architecture: str = "qwen2", max_shard_bytes: int | None = None,
+                    extra_config: dict | None = None,
+                    extra_files: Iterable[str | os.PathLike] = (),
+                    overwrite: bool = False) -> Path:
+  """Write ``model`` as a Hugging Face checkpoint directory loadable by transformers.
+
+  Writes config.json and model.safetensors, or ``model-0000i-of-0000n.safetensors`` shards plus
+  model.safetensors.index.json when the parameters exceed ``max_shard_bytes``. Tensors keep the
+  model's parameter dtype. Tied embeddings store only ``model.embed_tokens.weight``.
+
+  Args:
+    model: the model to save.
+    path: the checkpoint directory to create.
+    architecture: "qwen2" or "llama" (or the class name), see ``config_to_hf``.
+    max_shard_bytes: shard size limit in bytes; None writes a single file.
+    extra_config: keys merged into config.json (e.g. ``eos_token_id``, ``bos_token_id``).
+    extra_files: files copied into the checkpoint (e.g. tokenizer.json, tokenizer_config.json).
+    overwrite: replace an existing ``path``; otherwise an existing path is an error.
+
+  The checkpoint is written to a temporary sibling directory and renamed into place, so an
+  interrupted save never leaves a partial checkpoint at ``path``. Returns ``path``.
+  """
+  from safetensors.numpy import save_file
+
+  path = Path(path)
+  if path.exists() and not overwrite:
+    raise FileExistsError(f"{path} exists; pass overwrite=True to replace it")
+  cfg = model.cfg
+  hf_config = config_to_hf(cfg, architecture)
+  hf_config.update(extra_config or {})
+  flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+  tensors: dict[str, np.ndarray] = {}
+  for e in _param_map(cfg):
+    x = np.asarray(jax.device_get(flat[e.path][...]))
+    tensors[e.hf_name] = np.ascontiguousarray(x.T if e.transpose else x)
+
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+  try:
+    with open(tmp / CONFIG_NAME, "w") as f:
+      json.dump(hf_config, f, indent=2, sort_keys=True)
+    shards = _shards(tensors, max_shard_bytes)
+    if len(shards) == 1:
+      save_file(tensors, str(tmp / SAFE_WEIGHTS_NAME), metadata={"format": "pt"})
+    else:
+      weight_map = {}
+      for i, names in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file({n: tensors[n] for n in names}, str(tmp / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in names})
+      index = {"metadata": {"total_size": int(sum(t.nbytes for t in tensors.values()))},
+               "weight_map": weight_map}
+      with open(tmp / SAFE_WEIGHTS_INDEX_NAME, "w") as f:
+        json.dump(index, f, indent=2, sort_keys=True)
+    for extra in extra_files:
+      shutil.copy2(extra, tmp / Path(extra).name)
+    if path.exists():
+      old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+      os.replace(path, old / "ckpt")
+      os.replace(tmp, path)
+      shutil.rmtree(old, ignore_errors=True)
+    else:
+      os.replace(tmp, path)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return path
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizer
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Tokenizer:
+  """A ``tokenizers.Tokenizer`` with the special ids of its checkpoint.
+
+  Attributes:
+    backend: the underlying ``tokenizers.Tokenizer``.
+    eos_ids: ids that end generation (generation_config.json first, then tokenizer_config.json,
+      then config.json; deduplicated, in that order).
+    pad_id: padding id (tokenizer_config.json ``pad_token``, else generation_config.json /
+      config.json ``pad_token_id``, else the first eos id, else None).
+    bos_id: beginning-of-sequence id or None.
+  """
+
+  backend: Any
+  eos_ids: tuple[int, ...]
+  pad_id: int | None
+  bos_id: int | None
+
+  @property
+  def vocab_size(self) -> int:
+    """Size of the vocabulary including added tokens."""
+    return self.backend.get_vocab_size(with_added_tokens=True)
+
+  def token_to_id(self, token: str) -> int | None:
+    return self.backend.token_to_id(token)
+
+  def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+    """Token ids of one string."""
+    return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+  def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+    """String of one id sequence (list or 1-D array)."""
+    return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+  def encode_batch(self, texts: Sequence[str], *,
+                   add_special_tokens: bool = True) -> list[list[int]]:
+    return [e.ids for e in self.backend.encode_batch(list(texts),
+                                                     add_special_tokens=add_special_tokens)]
+
+  def decode_batch(self, batch: Sequence[Sequence[int]], *,
+                   skip_special_tokens: bool = True) -> list[str]:
+    return self.backend.decode_batch([[int(i) for i in ids] for ids in batch],
+                                     skip_special_tokens=skip_special_tokens)
+
+  def pad(self, batch: Sequence[Sequence[int]], *, length: int | None = None,
+          side: str = "left") -> tuple[np.ndarray, np.ndarray]:
+    """Pad id sequences to a fixed length.
+
+    Returns (tokens [B, length] int32, mask [B, length] bool); ``length`` defaults to the
+    longest sequence. ``side`` is "left" (prompts for sampling) or "right". Raises ValueError if
+    a sequence is longer than ``length`` or the tokenizer has no pad id.
+    """
+    if side not in ("left", "right"):
+      raise ValueError(f"side must be 'left' or 'right', got {side!r}")
+    if self.pad_id is None:
+      raise ValueError("tokenizer has no pad id (no pad_token, pad_token_id or eos)")
+    longest = max((len(s) for s in batch), default=0)
+    length = longest if length is None else length
+    if longest > length:
+      raise ValueError(f"sequence of {longest} tokens does not fit length {length}")
+    tokens = np.full((len(batch), length), self.pad_id, np.int32)
+    mask = np.zeros((len(batch), length), bool)
+    for i, ids in enumerate(batch):
+      n = len(ids)
+      sl = slice(length - n, length) if side == "left" else slice(0, n)
+      tokens[i, sl] = ids
+      mask[i, sl] = True
+    return tokens, mask
+
+  def encode_padded(self, texts: Sequence[str], *, length: int | None = None,
+                    side: str = "left",
+                    add_special_tokens: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """``pad(encode_batch(texts))``: (tokens [B, length] int32, mask [B, length] bool)."""
+    return self.pad(self.encode_batch(texts, add_special_tokens=add_special_tokens),
+                    length=length, side=side)
+
+
+def _token_content(tok) -> str | None:
+  if isinstance(tok, dict):
+    return tok.get("content")
+  return tok
+
+
+def _as_id_list(value) -> list[int]:
+  if value is None:
+    return []
+  if isinstance(value, (list, tuple)):
+    return [int(v) for v in value]
+  return [int(value)]
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+  """Load ``tokenizer.json`` from a checkpoint directory (or the file itself).
+
+  Special ids are read from tokenizer_config.json, generation_config.json and config.json when
+  present next to it. Raises FileNotFoundError if tokenizer.json is missing (checkpoints with
+  only a SentencePiece ``tokenizer.model`` must be converted first, e.g. by re-saving with
+  transformers' fast tokenizer).
+  """
+  import tokenizers
+
+  path = Path(path)
+  file = path if path.is_file() else path / "tokenizer.json"
+  folder = file.parent
+  if not file.exists():
+    raise FileNotFoundError(f"{file} not found (a tokenizers-format tokenizer.json is required)")
+  backend = tokenizers.Tokenizer.from_file(str(file))
+
+  def read_optional(name: str) -> dict:
+    p = folder / name
+    return _read_json(p) if p.exists() else {}
+
+  tok_cfg = read_optional("tokenizer_config.json")
+  gen_cfg = read_optional("generation_config.json")
+  model_cfg = read_optional(CONFIG_NAME)
+
+  def token_id(key: str) -> int | None:
+    content = _token_content(tok_cfg.get(key))
+    if content is None:
+      return None
+    tid = backend.token_to_id(content)
+    if tid is None:
+      raise ValueError(f"tokenizer_config.json {key} {content!r} is not in the vocabulary of "
+                       f"{file}")
+    return tid
+
+  eos: list[int] = []
+  for ids in (_as_id_list(gen_cfg.get("eos_token_id")), _as_id_list(token_id("eos_token")),
+              _as_id_list(model_cfg.get("eos_token_id"))):
+    eos += [i for i in ids if i not in eos]
+  pad = token_id("pad_token")
+  for cfg in (gen_cfg, model_cfg):
+    if pad is None and cfg.get("pad_token_id") is not None:
+      pad = _as_id_list(cfg["pad_token_id"])[0]
+  if pad is None and backend.padding is not None:
+    pad = backend.padding.get("pad_id")
+  if pad is None and eos:
+    pad = eos[0]
+  bos = token_id("bos_token")
+  for cfg in (gen_cfg, model_cfg):
+    if bos is None and cfg.get("bos_token_id") is not None:
+      bos = _as_id_list(cfg["bos_token_id"])[0]
+  return Tokenizer(backend=backend, eos_ids=tuple(eos), pad_id=pad, bos_id=bos)

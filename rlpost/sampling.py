@@ -1,0 +1,301 @@
+"""Pure, jitted KV-cache sampler: prefill, then a ``lax.while_loop`` decode.
+
+Shape legend: B batch (rollouts), Tp prompt buffer length, N max new tokens, S = Tp + N cache
+slots, V vocabulary.
+
+Layout. The prompt buffer occupies cache slots [0, Tp); decode step i writes slot Tp + i. Padding
+slots of the prompt (left, right or anywhere) are masked out of attention, and positions are
+counted over valid tokens only, so a padded prompt produces exactly the completion of its
+unpadded version. All shapes are static: one compilation per (B, Tp, N, config).
+
+Randomness. The key of decode step i is ``fold_in(key, i)``; the same key gives the same
+output, and because JAX's threefry is partitionable, the same output on any device mesh.
+
+Log-probs. For every sampled token the sampler returns its log-probability under the sampling
+distribution (temperature, top-k and top-p applied; 0 for greedy decoding, which is a point mass)
+and under the unmodified policy (temperature 1, no filtering), the latter being what an
+importance-sampling correction compares the trainer's log-probs against.
+
+Buffers. The KV cache is allocated inside the jitted program and carried by the while loop, so
+XLA updates it in place and no host buffer exists to donate; the prompt buffers passed in are
+donated when ``donate_prompts=True``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from rlpost.models import transformer as tfm
+
+FINISH_STOP = 0  # the sequence emitted a stop token
+FINISH_LENGTH = 1  # the sequence hit max_new_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """Static decoding settings.
+
+  max_new_tokens: N, the completion buffer length.
+  temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+  top_k: keep the k largest logits (0 disables). Ties with the k-th value are kept.
+  top_p: nucleus sampling, keep the smallest set of tokens whose probability reaches top_p
+    (1.0 disables); the most likely token is always kept.
+  stop_tokens: token ids that end a sequence; the stop token is part of the completion.
+  pad_id: written after a sequence has finished.
+  """
+
+  max_new_tokens: int
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  stop_tokens: tuple[int, ...] = ()
+  pad_id: int = 0
+
+  def __post_init__(self):
+    if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+      raise ValueError(f"SamplingConfig.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+    if self.temperature < 0:
+      raise ValueError(f"SamplingConfig.temperature must be >= 0, got {self.temperature}")
+    if self.top_k < 0:
+      raise ValueError(f"SamplingConfig.top_k must be >= 0, got {self.top_k}")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p}")
+    object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0.0
+
+
+@struct.dataclass
+class SampleOutput:
+  """Result of one sampler call (all arrays have leading dimension B).
+
+  tokens: [B, N] int32 completion tokens (pad_id after the end).
+  mask: [B, N] bool, True for generated tokens (the stop token included).
+  lengths: [B] int32, number of generated tokens.
+  finish_reason: [B] int32, FINISH_STOP or FINISH_LENGTH.
+  logprobs: [B, N] float32, log-prob of each token under the sampling distribution (0 where
+    masked, and 0 everywhere for greedy decoding).
+  policy_logprobs: [B, N] float32, log-prob under the unmodified policy (0 where masked).
+  num_steps: [] int32, decode steps actually run (early exit when all sequences stopped).
+  """
+
+  tokens: jax.Array
+  mask: jax.Array
+  lengths: jax.Array
+  finish_reason: jax.Array
+  logprobs: jax.Array
+  policy_logprobs: jax.Array
+  num_steps: jax.Array
+
+
+def filter_logits(logits: jax.Array, *, temperature: float, top_k: int, top_p: float) -> jax.Array:
+  """Temperature, top-k and top-p applied to logits [..., V] float32; removed entries are -inf."""
+  if temperature > 0:
+    logits = logits / temperature
+  neg_inf = jnp.array(-jnp.inf, logits.dtype)
+  if top_k > 0 and top_k < logits.shape[-1]:
+    kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+    logits = jnp.where(logits < kth, neg_inf, logits)
+  if top_p < 1.0:
+    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    # The smallest kept logit: tokens are kept while the mass before them is below top_p.
+    kept = jnp.where(mass_before < top_p, sorted_logits, jnp.inf)
+    threshold = jnp.min(kept, axis=-1, keepdims=True)
+    logits = jnp.where(logits < threshold, neg_inf, logits)
+  return logits
+
+
+def _pick(logits: jax.Array, key: jax.Array, cfg: SamplingConfig):
+  """Choose one token per row. logits: [B, V] float32 -> (tokens [B], sampling logp [B])."""
+  if cfg.greedy:
+    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return token, jnp.zeros(token.shape, jnp.float32)
+  filtered = filter_logits(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+  token = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
+  logp = jax.nn.log_softmax(filtered, axis=-1)
+  return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+
+
+def _policy_logp(logits: jax.Array, token: jax.Array) -> jax.Array:
+  return jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), token[:, None], axis=-1)[:, 0]
+
+
+def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens: jax.Array,
+           prompt_mask: jax.Array, key: jax.Array, *, cfg: SamplingConfig) -> SampleOutput:
+  """Sample completions. Pure and traceable; ``Sampler`` wraps it in ``jax.jit``.
+
+  prompt_tokens: [B, Tp] int32; prompt_mask: [B, Tp] bool (each row needs >= 1 valid token);
+  key: a PRNG key. Returns a SampleOutput with N = cfg.max_new_tokens.
+  """
+  chex.assert_rank([prompt_tokens, prompt_mask], 2)
+  chex.assert_equal_shape([prompt_tokens, prompt_mask])
+  model = nnx.merge(graphdef, params)
+  b, tp = prompt_tokens.shape
+  n = cfg.max_new_tokens
+  s = tp + n
+  prompt_mask = prompt_mask.astype(bool)
+  cache = tfm.init_cache(model.cfg, b, s)
+
+  # Prefill: attend causally over the valid prompt slots.
+  slot = jnp.arange(s)
+  prompt_slots = jnp.pad(prompt_mask, ((0, 0), (0, n)))  # [B, S]
+  causal = slot[None, :] <= jnp.arange(tp)[:, None]  # [Tp, S]
+  attn = causal[None] & prompt_slots[:, None, :]  # [B, Tp, S]
+  positions = tfm.positions_from_mask(prompt_mask)
+  h, cache = model.hidden(prompt_tokens, positions, attn, cache, 0)
+  # Logits of the last valid prompt token of each row (any padding layout).
+  last = tp - 1 - jnp.argmax(prompt_mask[:, ::-1], axis=-1)
+  logits = model.logits(jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0])  # [B, V]
+  next_pos = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)  # position of token 0
+
+  stop = jnp.asarray(cfg.stop_tokens if cfg.stop_tokens else (-1,), jnp.int32)
+  pad = jnp.int32(cfg.pad_id)
+
+  def emit(i, logits, done, tokens, logps, plogps, stopped):
+    """Sample token i from logits [B, V] and record it for rows not yet done."""
+    token, logp = _pick(logits, jax.random.fold_in(key, i), cfg)
+    plogp = _policy_logp(logits, token)
+    live = ~done
+    token = jnp.where(live, token, pad)
+    tokens = tokens.at[:, i].set(token)
+    logps = logps.at[:, i].set(jnp.where(live, logp, 0.0))
+    plogps = plogps.at[:, i].set(jnp.where(live, plogp, 0.0))
+    hit = live & jnp.any(token[:, None] == stop[None, :], axis=-1) & bool(cfg.stop_tokens)
+    return token, done | hit, tokens, logps, plogps, stopped | hit
+
+  zeros_f = jnp.zeros((b, n), jnp.float32)
+  done0 = jnp.zeros((b,), bool)
+  token, done, tokens, logps, plogps, stopped = emit(
+      0, logits, done0, jnp.full((b, n), pad, jnp.int32), zeros_f, zeros_f, done0)
+
+  def cond(carry):
+    i, _, done, *_ = carry
+    return (i < n) & ~jnp.all(done)
+
+  def body(carry):
+    i, token, done, tokens, logps, plogps, stopped, cache = carry
+    # Feed token i-1 (written at slot Tp + i - 1), then sample token i.
+    write = tp + i - 1
+    attn = (prompt_slots | ((slot >= tp) & (slot <= write))[None, :])[:, None, :]  # [B, 1, S]
+    pos = (next_pos + i - 1)[:, None]
+    h, cache = model.hidden(token[:, None], pos, attn, cache, write)
+    logits = model.logits(h[:, 0])
+    token, done, tokens, logps, plogps, stopped = emit(
+        i, logits, done, tokens, logps, plogps, stopped)
+    return i + 1, token, done, tokens, logps, plogps, stopped, cache
+
+  carry = (jnp.int32(1), token, done, tokens, logps, plogps, stopped, cache)
+  steps, _, _, tokens, logps, plogps, stopped, _ = jax.lax.while_loop(cond, body, carry)
+
+  mask = jnp.arange(n)[None, :] < _lengths(tokens, stopped, stop, steps, cfg)[:, None]
+  lengths = jnp.sum(mask, axis=-1).astype(jnp.int32)
+  finish = jnp.where(stopped, FINISH_STOP, FINISH_LENGTH).astype(jnp.int32)
+  return SampleOutput(tokens=tokens, mask=mask, lengths=lengths, finish_reason=finish,
+                      logprobs=logps, policy_logprobs=plogps, num_steps=steps)
+
+
+def _lengths(tokens, stopped, stop, steps, cfg: SamplingConfig):
+  """[B] int32 completion lengths: up to and including the first stop token, else all steps."""
+  n = tokens.shape[1]
+  is_stop = jnp.any(tokens[:, :, None] == stop[None, None, :], axis=-1) & bool(cfg.stop_tokens)
+  first_stop = jnp.argmax(is_stop, axis=-1)
+  return jnp.where(stopped, first_stop + 1, jnp.minimum(steps, n)).astype(jnp.int32)
+
+
+class Sampler:
+  """Host-side front end: validates inputs with clear errors and calls the jitted sampler.
+
+  >>> sampler = Sampler(model, SamplingConfig(max_new_tokens=32, temperature=1.0))
+  >>> graphdef, params = nnx.split(model)
+  >>> out = sampler(params, prompt_tokens, prompt_mask, jax.random.key(0))
+
+  Only the model's structure (its graphdef and config) is kept; parameters are passed per call.
+
+  ``sampler.fn`` is the jitted pure function ``(params, prompt_tokens, prompt_mask, key)``, for
+  use inside larger jitted programs (call ``sample`` directly there).
+  """
+
+  def __init__(self, model: tfm.Transformer, cfg: SamplingConfig, *, donate_prompts: bool = False):
+    graphdef = nnx.graphdef(model)
+    model_cfg = model.cfg
+    for t in cfg.stop_tokens:
+      if not 0 <= t < model_cfg.vocab_size:
+        raise ValueError(f"stop token {t} is not in the vocabulary [0, {model_cfg.vocab_size})")
+    if not 0 <= cfg.pad_id < model_cfg.vocab_size:
+      raise ValueError(f"pad_id {cfg.pad_id} is not in the vocabulary [0, {model_cfg.vocab_size})")
+    self.graphdef = graphdef
+    self.cfg = cfg
+    self.model_cfg = model_cfg
+    self.num_traces = 0  # how many times the sampler was traced (= compiled) so far
+
+    def traced(params, prompt_tokens, prompt_mask, key):
+      self.num_traces += 1  # a Python side effect: runs at trace time only
+      return sample(graphdef, params, prompt_tokens, prompt_mask, key, cfg=cfg)
+
+    self.fn = jax.jit(traced, donate_argnums=(1, 2) if donate_prompts else ())
+
+  def validate(self, prompt_tokens, prompt_mask) -> None:
+    """Raise ValueError naming the problem for malformed prompt batches."""
+    shape = np.shape(prompt_tokens)
+    if len(shape) != 2:
+      raise ValueError(f"prompt_tokens must be [batch, length], got shape {shape}")
+    if np.shape(prompt_mask) != shape:
+      raise ValueError(f"prompt_mask shape {np.shape(prompt_mask)} != prompt_tokens shape {shape}")
+    if shape[0] == 0:
+      raise ValueError("empty batch: prompt_tokens has 0 rows")
+    if shape[1] == 0:
+      raise ValueError("empty prompts: prompt_tokens has length 0")
+    total = shape[1] + self.cfg.max_new_tokens
+    if total > self.model_cfg.max_seq_len:
+      raise ValueError(
+          f"prompt length {shape[1]} + max_new_tokens {self.cfg.max_new_tokens} = {total} exceeds "
+          f"the cache limit max_seq_len={self.model_cfg.max_seq_len}")
+    mask = np.asarray(prompt_mask).astype(bool)
+    empty = np.flatnonzero(~mask.any(axis=1))
+    if empty.size:
+      raise ValueError(f"prompt {int(empty[0])} has no valid token (all padding)")
+    toks = np.asarray(prompt_tokens)
+    bad = np.argwhere(mask & ((toks < 0) | (toks >= self.model_cfg.vocab_size)))
+    if bad.size:
+      i, j = bad[0]
+      raise ValueError(f"prompt {int(i)} has token {int(toks[i, j])} at position {int(j)} outside "
+                       f"the vocabulary [0, {self.model_cfg.vocab_size})")
+
+  def __call__(self, params, prompt_tokens, prompt_mask, key, *, validate: bool = True) -> SampleOutput:
+    if validate:
+      self.validate(prompt_tokens, prompt_mask)
+    return self.fn(params, prompt_tokens, prompt_mask, key)
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], *, pad_id: int = 0, side: str = "left",
+                length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """Pack token lists into a padded [B, Tp] int32 buffer and a [B, Tp] bool mask (host side)."""
+  if side not in ("left", "right"):
+    raise ValueError(f"side must be 'left' or 'right', got {side!r}")
+  if len(prompts) == 0:
+    raise ValueError("empty batch: no prompts given")
+  longest = max(len(p) for p in prompts)
+  length = longest if length is None else length
+  if longest > length:
+    i = max(range(len(prompts)), key=lambda j: len(prompts[j]))
+    raise ValueError(f"prompt {i} has {len(prompts[i])} tokens, longer than the buffer length {length}")
+  tokens = np.full((len(prompts), length), pad_id, np.int32)
+  mask = np.zeros((len(prompts), length), bool)
+  for i, p in enumerate(prompts):
+    if len(p) == 0:
+      raise ValueError(f"prompt {i} is empty")
+    sl = slice(length - len(p), length) if side == "left" else slice(0, len(p))
+    tokens[i, sl] = p
+    mask[i, sl] = True
+  return tokens, mask
