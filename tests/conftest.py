@@ -6,6 +6,11 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run, so CI results are reproducible.
+settings.register_profile("rlpost", derandomize=True, deadline=None)
+settings.load_profile("rlpost")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from rlpost import sampling
 from rlpost.models import transformer as tfm
@@ -118,6 +118,7 @@ def test_stop_tokens_lengths_and_early_exit(model):
 
 
 @settings(max_examples=40, deadline=None)
+@example(0, 8, 1.0, 0.375)  # top_p = 1 with float mass just below 1 at the last token
 @given(st.integers(0, 2 ** 31 - 1), st.integers(1, 12), st.floats(0.05, 1.0),
        st.floats(0.3, 2.0))
 def test_filter_logits_allowed_set(seed, top_k, top_p, temperature):
@@ -138,10 +139,12 @@ def test_filter_logits_allowed_set(seed, top_k, top_p, temperature):
     p /= p.sum()
     order = np.argsort(-p, kind="stable")
     before = np.cumsum(p[order]) - p[order]
-    needed = order[before < top_p - 1e-6]
+    # Float rounding decides tokens whose preceding mass is within 1e-5 of top_p either way.
+    needed = order[before < top_p - 1e-5]
+    admissible = order[(before < top_p + 1e-5) & (p[order] > 0)]
     assert kept[needed].all()
     assert kept[np.argmax(row)]
-    assert np.all(row[kept] >= row[needed].min() - 1e-6)
+    assert np.all(row[kept] >= row[admissible].min() - 1e-6)
     np.testing.assert_allclose(orow[kept], row[kept], rtol=1e-6)
 
 
