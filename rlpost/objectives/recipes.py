@@ -1,0 +1,452 @@
+"""Named recipes: each paper method is an advantage chain plus a loss configuration.
+
+Shape legend: P prompts, G_max padded group size, B = P * G_max rollouts, T tokens.
+
+A :class:`Recipe` bundles
+
+* ``advantage``: an ``AdvantageTransform`` (a ``chain``); run it with
+  ``adv, state = compute_advantages(recipe.advantage, batch, key=key)``;
+* ``loss_config``: a frozen :class:`PolicyLossConfig` of explicit hyperparameters;
+* ``loss_fn(logp [B, T], batch, advantages [B], sample_weight [B], *, entropy=None)
+  -> (LossParts(sum, denominator), metrics)``, i.e. ``policy_loss`` bound to the config;
+* ``requires``: the optional inputs it needs (``ref_logp``, ``entropy``, ...).
+
+The trainer is the same for every recipe::
+
+    recipe = get_recipe("dapo", max_length=1024, overlong_buffer=256)
+    adv, _ = compute_advantages(recipe.advantage, batch)
+    parts, metrics = recipe.loss_fn(logp, batch, adv.values, adv.weights)
+    loss = finalize(parts)   # or combine parts over micro-batches first
+
+``get_recipe(name, **overrides)`` accepts the recipe factory's own keyword arguments and any
+``PolicyLossConfig`` field (e.g. ``kl_coef=0.0``, ``eps_high=0.3``); unknown names raise a
+ValueError listing what is accepted. A new objective is one file with a factory returning a
+``Recipe`` (``make_recipe``), one test, and one entry in the registration list at the bottom of
+this file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Callable, NamedTuple, Optional
+
+from rlpost.objectives import advantages as A
+from rlpost.objectives.base import AdvantageTransform, Recipe, chain, make_recipe
+from rlpost.objectives.losses import PolicyLossConfig
+
+__all__ = [
+    "Recipe",
+    "make_recipe",
+    "grpo",
+    "dr_grpo",
+    "dapo",
+    "gspo",
+    "gspo_token",
+    "pnpo",
+    "rloo",
+    "mc_grpo",
+    "ace",
+    "dars",
+    "register_recipe",
+    "get_recipe",
+    "list_recipes",
+]
+
+
+class _Parts(NamedTuple):
+  """Stages of a GRPO-family advantage chain, so composite recipes can swap or add stages."""
+
+  shaping: tuple
+  center: AdvantageTransform
+  scale: AdvantageTransform
+  post: tuple
+  loss: PolicyLossConfig
+  requires: tuple = ()
+
+  def build(self, name: str) -> Recipe:
+    adv = chain(*self.shaping, self.center, self.scale, *self.post)
+    return make_recipe(name, adv, self.loss, advantage_requires=self.requires)
+
+
+def _need_max_length(recipe: str, max_length: Optional[int]) -> int:
+  if max_length is None:
+    raise ValueError(
+        f"recipe {recipe!r} needs max_length=<L_max, the maximum completion length in tokens>"
+    )
+  return int(max_length)
+
+
+# Base recipes ------------------------------------------------------------------------------------
+
+
+def _grpo_parts(*, std_eps: float, ddof: int) -> _Parts:
+  return _Parts(
+      shaping=(),
+      center=A.center_by_group_mean(),
+      scale=A.scale_by_group_std(ddof=ddof, eps=std_eps),
+      post=(),
+      loss=PolicyLossConfig(
+          ratio="token",
+          eps_low=0.2,
+          eps_high=0.2,
+          dual_clip=None,
+          aggregation="seq_mean_token_mean",
+          kl_coef=0.04,
+          kl_estimator="k3",
+      ),
+  )
+
+
+def grpo(*, std_eps: float = 1e-6, ddof: int = 1) -> Recipe:
+  """GRPO (Shao et al. 2024, "DeepSeekMath", arXiv 2402.03300).
+
+  A_i = (r_i - mean(r)) / (std(r) + eps); token ratio, PPO clip 0.2, KL to the reference with
+  the k3 estimator and coefficient 0.04, sequence-mean of token-means.
+
+  Official code: none public; advantages follow verl ``compute_grpo_outcome_advantage``
+  (eps 1e-6, unbiased std); TRL's ``GRPOTrainer`` uses eps 1e-4 (``std_eps=1e-4``) and
+  ``beta = 0`` by default (``kl_coef=0.0``). Deviation: a group of size 1 gets A = 0 (verl
+  returns the raw score). No dual clip (verl's "vanilla" loss adds one: ``dual_clip=3.0``).
+  """
+  return _grpo_parts(std_eps=std_eps, ddof=ddof).build("grpo")
+
+
+def _dr_grpo_parts(*, max_length: int) -> _Parts:
+  return _Parts(
+      shaping=(),
+      center=A.center_by_group_mean(),
+      scale=A.identity(),
+      post=(),
+      loss=PolicyLossConfig(
+          ratio="token",
+          eps_low=0.2,
+          eps_high=0.2,
+          aggregation="seq_sum_const_len",
+          max_length=max_length,
+          kl_coef=0.0,
+      ),
+  )
+
+
+def dr_grpo(*, max_length: Optional[int] = None) -> Recipe:
+  """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective").
+
+  A_i = r_i - mean(r) (no std); token sum over a constant length L_max (``max_length``,
+  required), i.e. sum of token losses / (#rollouts * L_max); PPO clip 0.2; no KL.
+
+  Official code: sail-sg/understand-r1-zero (oat); TRL ``loss_type="dr_grpo"``.
+  """
+  return _dr_grpo_parts(max_length=_need_max_length("dr_grpo", max_length)).build("dr_grpo")
+
+
+def _dapo_parts(*, max_length, overlong_buffer, overlong_penalty_factor, std_eps) -> _Parts:
+  return _Parts(
+      shaping=(
+          A.overlong_shaping(
+              max_length=max_length,
+              buffer_length=overlong_buffer,
+              penalty_factor=overlong_penalty_factor,
+          ),
+      ),
+      center=A.center_by_group_mean(),
+      scale=A.scale_by_group_std(ddof=1, eps=std_eps),
+      post=(),
+      loss=PolicyLossConfig(
+          ratio="token",
+          eps_low=0.2,
+          eps_high=0.28,
+          dual_clip=3.0,
+          aggregation="token_mean",
+          kl_coef=0.0,
+      ),
+  )
+
+
+def dapo(
+    *,
+    max_length: Optional[int] = None,
+    overlong_buffer: int = 4096,
+    overlong_penalty_factor: float = 1.0,
+    std_eps: float = 1e-6,
+) -> Recipe:
+  """DAPO (Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale").
+
+  Clip-higher (eps_low 0.2, eps_high 0.28), token-mean over the batch, soft overlong
+  punishment in tokens (L_max = ``max_length``, required; L_c = ``overlong_buffer``, 4096 in
+  the paper with L_max 20480), GRPO advantages, no KL.
+
+  Official code: BytedTsinghua-SIA/DAPO (verl ``recipe/dapo``); the verl "vanilla" loss it
+  uses applies the dual clip c = 3, kept here. Dynamic sampling (keeping groups with
+  0 < #correct < G) is rollout allocation, not part of the objective.
+  """
+  ml = _need_max_length("dapo", max_length)
+  return _dapo_parts(
+      max_length=ml,
+      overlong_buffer=overlong_buffer,
+      overlong_penalty_factor=overlong_penalty_factor,
+      std_eps=std_eps,
+  ).build("dapo")
+
+
+def _gspo_parts(*, ratio: str, std_eps: float) -> _Parts:
+  return _Parts(
+      shaping=(),
+      center=A.center_by_group_mean(),
+      scale=A.scale_by_group_std(ddof=1, eps=std_eps),
+      post=(),
+      loss=PolicyLossConfig(
+          ratio=ratio,
+          eps_low=3e-4,
+          eps_high=4e-4,
+          dual_clip=None,
+          aggregation="seq_mean_token_mean",
+          kl_coef=0.0,
+      ),
+  )
+
+
+def gspo(*, std_eps: float = 1e-6) -> Recipe:
+  """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization").
+
+  Sequence ratio s_i = exp(mean_t (logp - old)), clipped with eps_low 3e-4, eps_high 4e-4;
+  GRPO advantages; sequence mean (seq-mean-token-mean); no KL; log ratio clamped at 10.
+
+  Official code: none from the authors; verl ``compute_policy_loss_gspo`` implements the
+  token variant (see :func:`gspo_token`), whose gradient equals this one for sequence-level
+  advantages.
+  """
+  return _gspo_parts(ratio="sequence", std_eps=std_eps).build("gspo")
+
+
+def gspo_token(*, std_eps: float = 1e-6) -> Recipe:
+  """GSPO-token (Zheng et al. 2025, "Group Sequence Policy Optimization").
+
+  s_{i,t} = sg[s_i] * pi_t / sg[pi_t]: the value of the sequence ratio with a per-token
+  gradient, allowing token-level advantages. Otherwise identical to :func:`gspo`.
+
+  Official code: none from the authors; verl ``compute_policy_loss_gspo`` implements exactly
+  this form (with seq-mean-token-mean aggregation and the log ratio clamped at 10).
+  """
+  return _gspo_parts(ratio="sequence_token", std_eps=std_eps).build("gspo_token")
+
+
+def pnpo(*, std_eps: float = 1e-6) -> Recipe:
+  """PNPO ("Prefix-Normalized Policy Optimization").
+
+  rho_{i,t} = exp((1/t) sum_{s<=t} (logp_s - old_s)), the geometric mean of token ratios along
+  the causal prefix, PPO-clipped; GRPO advantages.
+
+  Official code: none found. The clip range (0.2, 0.2), the sequence-mean-of-token-means
+  aggregation and the absence of KL are this library's choices, not published values.
+  """
+  parts = _grpo_parts(std_eps=std_eps, ddof=1)
+  loss = dataclasses.replace(parts.loss, ratio="prefix", kl_coef=0.0)
+  return parts._replace(loss=loss).build("pnpo")
+
+
+def rloo() -> Recipe:
+  """RLOO (Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization";
+  Kool et al. 2019).
+
+  A_i = r_i - mean_{j != i} r_j (leave-one-out), no scaling; token ratio with PPO clip 0.2
+  (identical to REINFORCE when on-policy); sequence-mean of token-means; no KL.
+
+  Official code: none from the authors; advantages as verl ``compute_rloo_outcome_advantage``.
+  Deviation: the paper and TRL's RLOO put a KL penalty into the reward; here KL is a loss term
+  (``kl_coef``), 0 by default.
+  """
+  return _Parts(
+      shaping=(),
+      center=A.center_by_leave_one_out(),
+      scale=A.identity(),
+      post=(),
+      loss=PolicyLossConfig(
+          ratio="token", eps_low=0.2, eps_high=0.2, aggregation="seq_mean_token_mean", kl_coef=0.0
+      ),
+  ).build("rloo")
+
+
+def _base_parts(base: str, *, max_length, overlong_buffer, recipe: str) -> _Parts:
+  if base == "grpo":
+    return _grpo_parts(std_eps=1e-6, ddof=1)
+  if base == "dr_grpo":
+    return _dr_grpo_parts(max_length=_need_max_length(f"{recipe}(base='dr_grpo')", max_length))
+  if base == "dapo":
+    return _dapo_parts(
+        max_length=_need_max_length(f"{recipe}(base='dapo')", max_length),
+        overlong_buffer=overlong_buffer,
+        overlong_penalty_factor=1.0,
+        std_eps=1e-6,
+    )
+  raise ValueError(f"{recipe}: unknown base {base!r}; expected 'grpo', 'dapo' or 'dr_grpo'")
+
+
+def mc_grpo(
+    *,
+    base: str = "grpo",
+    scale: Optional[str] = None,
+    eps: Optional[float] = None,
+    baseline: str = "median",
+    odd_only: bool = True,
+    max_length: Optional[int] = None,
+    overlong_buffer: int = 4096,
+) -> Recipe:
+  """MC-GRPO ("Median-Centered Group Relative Policy Optimization") over GRPO, DAPO or Dr.GRPO.
+
+  Sample G+1 rollouts per prompt (the trainer's job). Default, the official code's rule:
+  A_i = (r_i - m) / (MAD + 1e-3) with m the median over all G+1 and
+  MAD = median_j |r_j - m|; the pivot (lowest-index rollout with r = m) is removed from the
+  loss, so G rollouts contribute; the base recipe's loss and reward shaping are kept.
+
+  Official code: lotusroot-kim/MC-GRPO, ``src/open_r1/grpo_trainer_math.py`` (TRL-based; the
+  pivot is ``torch.median``'s index, arbitrary under ties; here deterministic).
+
+  Args:
+    base: "grpo", "dapo" or "dr_grpo" (the latter two need ``max_length``).
+    scale: "mad" (default with the median baseline), "std" (group std, TRL eps 1e-4; default
+      with the mean baseline), "none".
+    eps: added to the scale; None: 1e-3 for MAD, 1e-4 for std.
+    baseline: "median" (the method) or "mean": the official GSM trainer's ``mc=False``
+      ablation, mean over all G+1 and the rollout with the smallest |r| dropped.
+    odd_only: remove a pivot only from odd groups (groups shrunk by masking keep all members).
+    max_length, overlong_buffer: for the DAPO and Dr.GRPO bases.
+  """
+  parts = _base_parts(
+      base, max_length=max_length, overlong_buffer=overlong_buffer, recipe="mc_grpo"
+  )
+  if baseline == "median":
+    scale = "mad" if scale is None else scale
+    center = A.center_by_group_median(even="lower")
+    exclude = A.exclude_median_pivot(odd_only=odd_only)
+  elif baseline == "mean":
+    scale = "std" if scale is None else scale
+    center = A.center_by_group_mean()
+    exclude = A.exclude_min_abs_reward()
+  else:
+    raise ValueError(f"mc_grpo: baseline must be 'median' or 'mean', got {baseline!r}")
+  if scale == "mad":
+    scaler = A.scale_by_group_mad(eps=1e-3 if eps is None else eps, even="lower")
+  elif scale == "std":
+    scaler = A.scale_by_group_std(ddof=1, eps=1e-4 if eps is None else eps)
+  elif scale == "none":
+    scaler = A.identity()
+  else:
+    raise ValueError(f"mc_grpo: scale must be 'mad', 'std' or 'none', got {scale!r}")
+  return parts._replace(center=center, scale=scaler, post=parts.post + (exclude,)).build("mc_grpo")
+
+
+def ace(
+    *,
+    alpha: Optional[float] = None,
+    base: str = "grpo",
+    mode: str = "multiplicative",
+    fn: str = "softplus",
+    logp_source: str = "old",
+    max_length: Optional[int] = None,
+    overlong_buffer: int = 4096,
+) -> Recipe:
+  """ACE ("Asymmetric Confidence-aware Error Penalty") over GRPO or DAPO.
+
+  After the base chain, negative advantages are modulated by the confidence shift
+  c_i = sum_t (logp - ref_logp) (stop-gradient): A_i (1 + alpha f(c_i)) (multiplicative) or
+  A_i - alpha f(c_i) (additive), f = softplus (or relu, the paper's ablation).
+
+  Official code: none public (the paper uses verl); this is the best reading of the paper.
+  ``alpha`` has no published default and is required. Needs ``ref_logp`` even with
+  ``kl_coef = 0``.
+  """
+  if alpha is None:
+    raise ValueError("recipe 'ace' needs alpha=<float> (no published default; sweep it)")
+  if base not in ("grpo", "dapo"):
+    raise ValueError(f"ace: unknown base {base!r}; expected 'grpo' or 'dapo'")
+  parts = _base_parts(base, max_length=max_length, overlong_buffer=overlong_buffer, recipe="ace")
+  mod = A.ace_confidence_penalty(alpha=alpha, mode=mode, fn=fn, logp_source=logp_source)
+  return parts._replace(post=parts.post + (mod,), requires=("ref_logp",)).build("ace")
+
+
+def dars(*, max_length: Optional[int] = None) -> Recipe:
+  """DARS's objective ("Difficulty Adaptive Rollout Sampling"; depth and breadth in RLVR).
+
+  A_i = r_i - mean(group) over the merged group (no std); PPO clip 0.2 with verl's dual clip
+  c = 3; token sum over a constant length L_max (``max_length``, required; verl
+  "seq-mean-token-sum-norm"); entropy bonus 0.001 (needs ``entropy``); no KL.
+
+  Official code: yangzhch6/DARS (verl fork). The extra-rollout schedule and the dropping of
+  groups with merged accuracy 0 or 1 belong to rollout allocation, not to the objective.
+  """
+  ml = _need_max_length("dars", max_length)
+  return _Parts(
+      shaping=(),
+      center=A.center_by_group_mean(),
+      scale=A.identity(),
+      post=(),
+      loss=PolicyLossConfig(
+          ratio="token",
+          eps_low=0.2,
+          eps_high=0.2,
+          dual_clip=3.0,
+          aggregation="seq_sum_const_len",
+          max_length=ml,
+          kl_coef=0.0,
+          entropy_coef=0.001,
+      ),
+  ).build("dars")
+
+
+# Registry ----------------------------------------------------------------------------------------
+
+_REGISTRY: dict[str, Callable[..., Recipe]] = {}
+_LOSS_FIELDS = tuple(f.name for f in dataclasses.fields(PolicyLossConfig))
+
+
+def register_recipe(name: str, factory: Callable[..., Recipe]) -> None:
+  """Adds ``factory`` (keyword-only hyperparameters, returns a Recipe) under ``name``."""
+  if name in _REGISTRY:
+    raise ValueError(f"recipe {name!r} is already registered")
+  _REGISTRY[name] = factory
+
+
+def list_recipes() -> tuple:
+  """Registered recipe names, sorted."""
+  return tuple(sorted(_REGISTRY))
+
+
+def get_recipe(name: str, **overrides) -> Recipe:
+  """The recipe ``name`` with ``overrides``.
+
+  Each override is either a keyword argument of the recipe's factory (e.g. ``max_length``,
+  ``alpha``, ``base``) or a ``PolicyLossConfig`` field (e.g. ``kl_coef``, ``eps_high``,
+  ``aggregation``), applied after the factory. Raises ValueError naming an unknown recipe or
+  unknown override keys, with the accepted names.
+  """
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown recipe {name!r}; registered recipes: {', '.join(list_recipes())}")
+  factory = _REGISTRY[name]
+  params = tuple(inspect.signature(factory).parameters)
+  unknown = sorted(k for k in overrides if k not in params and k not in _LOSS_FIELDS)
+  if unknown:
+    raise ValueError(
+        f"unknown override(s) {unknown} for recipe {name!r}; recipe arguments: "
+        f"{sorted(params)}; loss fields: {sorted(_LOSS_FIELDS)}"
+    )
+  recipe = factory(**{k: v for k, v in overrides.items() if k in params})
+  loss_changes = {k: v for k, v in overrides.items() if k not in params}
+  if loss_changes:
+    recipe = recipe.with_loss(**loss_changes)
+  return recipe._replace(name=name)
+
+
+for _name, _factory in (
+    ("grpo", grpo),
+    ("dr_grpo", dr_grpo),
+    ("dapo", dapo),
+    ("gspo", gspo),
+    ("gspo_token", gspo_token),
+    ("pnpo", pnpo),
+    ("rloo", rloo),
+    ("mc_grpo", mc_grpo),
+    ("ace", ace),
+    ("dars", dars),
+):
+  register_recipe(_name, _factory)
