@@ -3,11 +3,9 @@
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from rlpost import sampling, sharding
-from rlpost.models import transformer as tfm
+from rlpost import sharding
 
 # The same model, prompts and key in the parent (1 device) and the child (8 devices).
 SETUP = """

@@ -16,6 +16,7 @@ import os
 
 import numpy as np
 import tensorflow_datasets as tfds
+from etils import epath
 
 from rlpost.tasks import arithmetic, countdown
 
@@ -43,6 +44,14 @@ def _features():
 
 class _SyntheticBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   VERSION = tfds.core.Version("1.0.0")
+  # tfds otherwise locates its metadata and checksum files through the top-level package's
+  # resources, which fails for editable installs; these builders ship no such files.
+  pkg_dir_path = epath.Path(os.path.dirname(os.path.abspath(__file__)))
+
+  @tfds.core.utils.classproperty
+  @classmethod
+  def code_path(cls) -> epath.Path:
+    return epath.Path(os.path.abspath(__file__))
 
   def _make(self, n: int, seed: int) -> list[dict]:
     raise NotImplementedError  # each task's builder generates its own problems

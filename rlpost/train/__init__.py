@@ -1,0 +1,1 @@
+"""Training: SFT warm start, GRPO-family RL loop, checkpoints, configs."""

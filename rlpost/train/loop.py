@@ -1,0 +1,157 @@
+"""The outer training loop: resume, step, evaluate, log, checkpoint, plot.
+
+A run directory holds ``config.json``, ``metrics.jsonl`` (one JSON object per step or
+evaluation), ``checkpoints/`` (orbax) and ``learning_curve.png``. Resuming restores the latest
+complete checkpoint and continues bit for bit (the state carries the PRNG key, step and data
+cursor); resuming a finished run does nothing and says so. A non-finite loss or rollout stops the
+run, keeping the last good checkpoint, and the error says which step that is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from rlpost.train import checkpoint
+from rlpost.train.rl import RLState, Trainer, raise_if_bad
+
+
+def _to_float(tree: dict) -> dict:
+  return {k: float(v) for k, v in jax.device_get(tree).items()}
+
+
+def _append(path: str, record: dict) -> None:
+  with open(path, "a") as f:
+    f.write(json.dumps(record) + "\n")
+
+
+def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
+  """Train ``trainer.cfg.steps`` steps in ``run_dir`` (resuming if it holds checkpoints).
+
+  Returns {"state", "evals" (list of eval dicts with "step"), "resumed_from"}.
+  """
+  cfg = trainer.cfg
+  log = trainer.log
+  os.makedirs(run_dir, exist_ok=True)
+  cfg_path = os.path.join(run_dir, "config.json")
+  cfg_dict = dataclasses.asdict(cfg)
+  if os.path.exists(cfg_path):
+    with open(cfg_path) as f:
+      saved = json.load(f)
+    changed = sorted(k for k in set(saved) | set(cfg_dict)
+                     if saved.get(k) != cfg_dict.get(k) and k not in ("steps", "run_dir"))
+    if changed:
+      raise ValueError(f"{run_dir} holds a run with a different config (keys {changed}); "
+                       f"use another run_dir")
+  with open(cfg_path, "w") as f:
+    json.dump(cfg_dict, f, indent=2, sort_keys=True)
+  metrics_path = os.path.join(run_dir, "metrics.jsonl")
+  ckpt = checkpoint.Checkpointer(os.path.join(run_dir, "checkpoints"),
+                                 keep_last=cfg.keep_checkpoints, best_metric="eval/pass@1")
+  state = trainer.init_state()
+  resumed_from = ckpt.latest_step()
+  evals = []
+  if resumed_from is not None:
+    state, meta = ckpt.restore(resumed_from, state)
+    state = RLState(*state)
+    evals = meta.get("evals", [])
+    log(f"resumed {run_dir} from step {resumed_from}")
+    if resumed_from >= cfg.steps:
+      log(f"run already finished at step {resumed_from} (steps={cfg.steps}); nothing to do")
+      ckpt.close()
+      return {"state": state, "evals": evals, "resumed_from": resumed_from}
+  else:
+    if os.path.exists(metrics_path):
+      os.remove(metrics_path)  # a run with no checkpoint starts over
+
+  def do_eval(step: int):
+    t0 = time.perf_counter()
+    res = trainer.evaluate(state.params)
+    res["step"] = step
+    res["eval_seconds"] = time.perf_counter() - t0
+    evals.append(res)
+    _append(metrics_path, {"step": step, **{f"eval/{k}": v for k, v in res.items() if k != "step"}})
+    return res
+
+  def save(step: int, last_eval: dict | None):
+    metrics = {"eval/pass@1": last_eval["pass@1"]} if last_eval and last_eval["step"] == step else None
+    ckpt.save(step, state, {"config": cfg_dict, "evals": evals}, metrics)
+
+  start = int(state.step)
+  if start == 0:
+    do_eval(0)
+  bar = tqdm(total=cfg.steps, initial=start, disable=not progress, desc="rl", dynamic_ncols=True)
+  last_good = resumed_from
+  history = []
+  try:
+    for step in range(start + 1, cfg.steps + 1):
+      t0 = time.perf_counter()
+      new_state, metrics = trainer.step(state)
+      metrics = _to_float(metrics)
+      try:
+        raise_if_bad(metrics, step)
+      except FloatingPointError as e:
+        ckpt.wait()
+        where = (f"last good checkpoint: step {last_good} in {ckpt.directory}" if last_good
+                 else "no checkpoint was saved yet")
+        raise FloatingPointError(f"{e}; run stopped, {where}") from None
+      state = new_state
+      metrics["step_seconds"] = time.perf_counter() - t0
+      history.append(metrics)
+      _append(metrics_path, {"step": step, **{f"train/{k}": v for k, v in metrics.items()}})
+      ev = None
+      if step % cfg.eval_every == 0 or step == cfg.steps:
+        ev = do_eval(step)
+      if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+        save(step, evals[-1] if evals else None)
+        last_good = step
+      bar.update(1)
+      post = {"reward": f"{metrics['reward']:.3f}", "loss": f"{metrics['loss']:.4f}"}
+      if evals:
+        post["pass@1"] = f"{evals[-1]['pass@1']:.3f}"
+      bar.set_postfix(post)
+      del ev
+  finally:
+    bar.close()
+    ckpt.close()
+  plot_learning_curve(metrics_path, os.path.join(run_dir, "learning_curve.png"))
+  return {"state": state, "evals": evals, "resumed_from": resumed_from}
+
+
+def read_metrics(path: str) -> list[dict]:
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_learning_curve(metrics_path: str, out_png: str) -> None:
+  """Training reward (smoothed) and evaluation pass@1 against the step."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  rows = read_metrics(metrics_path)
+  train = [(r["step"], r["train/reward"]) for r in rows if "train/reward" in r]
+  ev = [(r["step"], r["eval/pass@1"]) for r in rows if "eval/pass@1" in r]
+  fig, ax = plt.subplots(figsize=(6, 3.5))
+  if train:
+    s, v = np.array(train).T
+    w = max(1, len(v) // 20)
+    smooth = np.convolve(v, np.ones(w) / w, mode="valid")
+    ax.plot(s[w - 1:], smooth, label=f"train reward (mean of {w})", color="tab:blue", alpha=0.7)
+  if ev:
+    s, v = np.array(ev).T
+    ax.plot(s, v, "o-", label="test pass@1", color="tab:red")
+  ax.set_xlabel("RL step")
+  ax.set_ylabel("reward / pass@1")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(out_png, dpi=120)
+  plt.close(fig)

@@ -1,0 +1,405 @@
+"""GRPO-family RL training as pure, jitted functions (in the style of purejaxrl).
+
+``make_train(config)`` does the host-side setup once (data, tokenizer, SFT warm start, recipe,
+optimizer) and returns a ``Trainer`` whose ``step(state) -> (state, metrics)`` is one jitted
+program: pick prompts by the data cursor, sample G rollouts per prompt with the KV-cache sampler,
+score them (in JAX for the arithmetic task; through one batched host callback otherwise),
+compute advantages with the recipe's chain, then ``num_iterations`` epochs over
+``num_minibatches`` mini-batches of optax updates. The reference policy is a frozen copy of the
+starting parameters, used for KL terms and ACE's confidence shift.
+
+Shape legend: P prompts per step, G rollouts per prompt (sampled), B = P * G rows, Tp prompt
+buffer, N max new tokens, V vocabulary.
+
+A run is a function of (config, seed): the state carries the PRNG key, the step and the data
+cursor, and every random draw of step s derives from ``fold_in(key, s)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from rlpost import objectives as obj
+from rlpost import sampling
+from rlpost.eval import metrics as evm
+from rlpost.models import transformer as tfm
+from rlpost.tasks import arithmetic, builders, countdown
+from rlpost.tasks.tokenizer import EOS, CharTokenizer
+from rlpost.train import sft
+from rlpost.types import RolloutBatch
+
+DEFAULT_MODEL = dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=4,
+                     intermediate_size=512, max_seq_len=64)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+  """Everything that determines a run. See ``validate`` for the allowed values."""
+
+  # task
+  task: str = "arithmetic"
+  task_spec: dict = dataclasses.field(default_factory=dict)
+  num_train: int = 10000
+  num_test: int = 1000
+  data_seed: int = 0
+  graded_reward: bool = False
+  data_dir: str = builders.DEFAULT_DATA_DIR
+  # policy and warm start
+  model: dict = dataclasses.field(default_factory=dict)
+  model_seed: int = 0
+  sft_steps: int = 500
+  sft_batch_size: int = 256
+  sft_lr: float = 3e-3
+  cache_dir: str = builders.DEFAULT_DATA_DIR.replace("tfds", "policies")
+  # rollouts
+  recipe: str = "grpo"
+  recipe_args: dict = dataclasses.field(default_factory=dict)
+  num_prompts: int = 16
+  group_size: int = 8
+  max_new_tokens: int = 0  # 0: longest demonstration + 2
+  temperature: float = 1.0
+  top_p: float = 1.0
+  # optimisation
+  lr: float = 1e-4
+  b1: float = 0.9
+  b2: float = 0.999
+  weight_decay: float = 0.0
+  grad_clip: float = 1.0
+  num_iterations: int = 1
+  num_minibatches: int = 1
+  steps: int = 500
+  seed: int = 0
+  # evaluation
+  eval_every: int = 100
+  eval_problems: int = 500
+  eval_samples: int = 16
+  eval_batch: int = 1024
+  # run directory
+  run_dir: str = ""
+  checkpoint_every: int = 100
+  keep_checkpoints: int = 2
+
+  def validate(self) -> None:
+    def need(cond, key, msg):
+      if not cond:
+        raise ValueError(f"config key {key!r}: {msg} (got {getattr(self, key)!r})")
+
+    need(self.task in builders.BUILDERS, "task", f"must be one of {sorted(builders.BUILDERS)}")
+    need(self.group_size >= 1, "group_size", "G must be >= 1")
+    need(self.num_prompts >= 1, "num_prompts", "must be >= 1")
+    need(self.steps >= 0, "steps", "must be >= 0")
+    need(self.lr > 0, "lr", "must be > 0")
+    need(self.temperature > 0, "temperature", "RL sampling needs temperature > 0")
+    need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+    need(self.num_iterations >= 1, "num_iterations", "must be >= 1")
+    need(self.num_minibatches >= 1, "num_minibatches", "must be >= 1")
+    need((self.num_prompts * self.group_size) % self.num_minibatches == 0, "num_minibatches",
+         f"must divide the rollout batch P*G = {self.num_prompts * self.group_size}")
+    need(self.eval_samples >= 1, "eval_samples", "must be >= 1")
+    need(self.eval_every >= 1, "eval_every", "must be >= 1")
+    need(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0")
+    if self.recipe not in obj.list_recipes():
+      raise ValueError(f"config key 'recipe': unknown recipe {self.recipe!r}; "
+                       f"known: {list(obj.list_recipes())}")
+    unknown = set(self.model) - {f.name for f in dataclasses.fields(tfm.TransformerConfig)}
+    if unknown:
+      raise ValueError(f"config key 'model': unknown TransformerConfig field(s) {sorted(unknown)}")
+
+
+class RLState(NamedTuple):
+  """The carry of training: everything a checkpoint must hold to resume bit for bit."""
+
+  params: Any
+  opt_state: Any
+  key: jax.Array  # raw uint32 key data (typed keys are not checkpointable as is)
+  step: jax.Array  # int32 []
+  cursor: jax.Array  # int32 [], prompts consumed so far
+
+
+class TaskArrays(NamedTuple):
+  """A split on device: prompts left-padded [N, Tp], answers right-padded [N, A]."""
+
+  prompt_tokens: jax.Array
+  prompt_mask: jax.Array
+  answer: jax.Array
+  answer_len: jax.Array
+  difficulty: jax.Array
+
+
+def _task_arrays(rows, tok: CharTokenizer) -> TaskArrays:
+  prompts = [r["prompt"] for r in rows]
+  tp = max(len(p) for p in prompts) + 1
+  pt, pm = tok.encode_batch(prompts, tp, bos=True, side="left")
+  ans, ans_len = arithmetic.encode_answers([r["answer"] for r in rows], tok,
+                                           max(len(r["answer"]) for r in rows))
+  return TaskArrays(jnp.asarray(pt), jnp.asarray(pm), jnp.asarray(ans), jnp.asarray(ans_len),
+                    jnp.asarray([r["difficulty"] for r in rows], jnp.int32))
+
+
+def _recipe(cfg: RLConfig, max_len: int) -> obj.Recipe:
+  """The configured recipe; length-dependent arguments default to this run's max_new_tokens."""
+  args = dict(cfg.recipe_args)
+  params = inspect.signature(obj.recipes._REGISTRY[cfg.recipe]).parameters
+  if "max_length" in params and "max_length" not in args:
+    args["max_length"] = max_len
+  if "overlong_buffer" in params and "overlong_buffer" not in args:
+    # The DAPO paper's ratio: a 4096-token buffer for 20480-token completions.
+    args["overlong_buffer"] = max(1, args.get("max_length", max_len) // 5)
+  try:
+    return obj.get_recipe(cfg.recipe, **args)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"config key 'recipe_args': {e}") from None
+
+
+def _unpack_key(data: jax.Array) -> jax.Array:
+  return jax.random.wrap_key_data(data)
+
+
+class Trainer:
+  """Host-side setup plus the pure, jitted step and evaluation functions of one run."""
+
+  def __init__(self, cfg: RLConfig, *, log: Callable[[str], None] = print):
+    self.cfg = cfg
+    self.log = log
+    self.tok = CharTokenizer()
+    data = builders.build(cfg.task, spec=cfg.task_spec, num_train=cfg.num_train,
+                          num_test=cfg.num_test, seed=cfg.data_seed, data_dir=cfg.data_dir)
+    self.rows = data
+    self.train_data = _task_arrays(data["train"], self.tok)
+    self.test_data = _task_arrays(data["test"], self.tok)
+    longest_demo = max(len(r["demo"]) for r in data["train"] + data["test"])
+    self.max_new_tokens = cfg.max_new_tokens or longest_demo + 2
+    tp = max(self.train_data.prompt_tokens.shape[1], self.test_data.prompt_tokens.shape[1])
+    model_kw = dict(DEFAULT_MODEL, **cfg.model)
+    model_kw.setdefault("vocab_size", self.tok.vocab_size)
+    model_kw["max_seq_len"] = max(model_kw["max_seq_len"], tp + longest_demo + 2,
+                                  tp + self.max_new_tokens)
+    self.model_cfg = tfm.TransformerConfig(**model_kw)
+    self.model = tfm.init_model(self.model_cfg, seed=cfg.model_seed)
+    sft_cfg = sft.SFTConfig(steps=cfg.sft_steps, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
+                            seed=cfg.model_seed)
+    key = sft.cache_key(self.model_cfg, sft_cfg, cfg.task, cfg.task_spec, cfg.num_train,
+                        cfg.num_test, cfg.data_seed, cfg.model_seed)
+    if cfg.sft_steps > 0:
+      sft.cached_sft(self.model, data["train"], self.tok, sft_cfg, cfg.cache_dir, key, log=log)
+    self.graphdef, self.ref_params = nnx.split(self.model)
+    self.recipe = _recipe(cfg, self.max_new_tokens)
+    self.needs_ref = "ref_logp" in self.recipe.requires
+    self.needs_entropy = "entropy" in self.recipe.requires
+    self.optimizer = optax.chain(
+        optax.clip_by_global_norm(cfg.grad_clip),
+        optax.adamw(cfg.lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
+    self.sampling_cfg = sampling.SamplingConfig(
+        max_new_tokens=self.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+        stop_tokens=(EOS,))
+    self.num_traces = 0
+    self.step = jax.jit(self._step)
+    self._eval_fns = {}
+
+  # ---------------------------------------------------------------------------------- state
+  def init_state(self) -> RLState:
+    params = self.ref_params
+    return RLState(params=params, opt_state=self.optimizer.init(params),
+                   key=jax.random.key_data(jax.random.key(self.cfg.seed)),
+                   step=jnp.int32(0), cursor=jnp.int32(0))
+
+  # ---------------------------------------------------------------------------------- reward
+  def _reward(self, tokens, mask, idx, data: TaskArrays):
+    """Rewards [B] float32 and correctness [B] bool for completions of prompts ``idx`` [B]."""
+    if self.cfg.task == "arithmetic":
+      return arithmetic.reward(tokens, mask, data.answer[idx], data.answer_len[idx], self.tok,
+                               graded=self.cfg.graded_reward)
+    return host_reward(self._score_host, tokens, mask, idx, split_id=int(data is self.test_data))
+
+  def _score_host(self, tokens: np.ndarray, mask: np.ndarray, idx: np.ndarray, split: int):
+    rows = self.rows["test" if split else "train"]
+    out = np.zeros(len(idx), np.float32)
+    for b, (t, m, i) in enumerate(zip(tokens, mask, idx)):
+      finished = bool(np.any((t == EOS) & m))
+      text = self.tok.decode(t[m])
+      out[b] = countdown.score(text, finished, rows[int(i)]["prompt"])
+    return out
+
+  # ---------------------------------------------------------------------------------- step
+  def _prompt_indices(self, cursor, n_items, key):
+    """Indices of the next ``n_items`` prompts of an epoch-wise shuffled stream at ``cursor``."""
+    n = self.train_data.prompt_tokens.shape[0]
+    pos = cursor + jnp.arange(n_items)
+    epoch = pos // n
+    e0 = cursor // n
+    p0 = jax.random.permutation(jax.random.fold_in(key, e0), n)
+    p1 = jax.random.permutation(jax.random.fold_in(key, e0 + 1), n)
+    return jnp.where(epoch == e0, p0[pos % n], p1[pos % n])
+
+  def _policy_logp(self, params, prompts, pmask, tokens, tmask):
+    model = nnx.merge(self.graphdef, params)
+    logp, logits = tfm.completion_logprobs(model, prompts, pmask, tokens, tmask, return_logits=True)
+    ent = obj.token_entropy(logits) if self.needs_entropy else None
+    return logp, ent
+
+  def _step(self, state: RLState):
+    self.num_traces += 1  # trace-time side effect: counts compilations
+    cfg = self.cfg
+    p, g = cfg.num_prompts, cfg.group_size
+    b = p * g
+    step_root, data_root = jax.random.split(_unpack_key(state.key))
+    key = jax.random.fold_in(step_root, state.step)
+    k_sample, k_adv, k_mb = jax.random.split(key, 3)
+    data = self.train_data
+    pidx = self._prompt_indices(state.cursor, p, data_root)
+    idx = jnp.repeat(pidx, g)  # [B]
+    prompts, pmask = data.prompt_tokens[idx], data.prompt_mask[idx]
+    out = sampling.sample(self.graphdef, state.params, prompts, pmask, k_sample,
+                          cfg=self.sampling_cfg)
+    rewards, correct = self._reward(out.tokens, out.mask, idx, data)
+    ref_logp = None
+    if self.needs_ref:
+      ref_logp, _ = self._policy_logp(self.ref_params, prompts, pmask, out.tokens, out.mask)
+      ref_logp = jax.lax.stop_gradient(ref_logp)
+    batch = RolloutBatch(group_id=jnp.repeat(jnp.arange(p, dtype=jnp.int32), g),
+                         valid=jnp.ones((b,), bool), tokens=out.tokens, token_mask=out.mask,
+                         rewards=rewards, behaviour_logp=out.policy_logprobs, ref_logp=ref_logp,
+                         correct=correct)
+    finite = obj.check_finite(batch)
+    adv, _ = obj.compute_advantages(self.recipe.advantage, batch, key=k_adv)
+
+    mb = b // cfg.num_minibatches
+
+    def minibatch_update(carry, rows):
+      params, opt_state = carry
+      sub = jax.tree.map(lambda x: x[rows], batch)
+
+      def loss_fn(params):
+        logp, ent = self._policy_logp(params, prompts[rows], pmask[rows], sub.tokens,
+                                      sub.token_mask)
+        parts, metrics = self.recipe.loss_fn(logp, sub, adv.values[rows], adv.weights[rows],
+                                             entropy=ent)
+        return obj.finalize(parts), metrics
+
+      (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+      updates, opt_state = self.optimizer.update(grads, opt_state, params)
+      params = optax.apply_updates(params, updates)
+      stats = {k: obj.finalize(v) for k, v in metrics.items()}
+      stats["loss"] = loss
+      stats["grad_norm"] = optax.tree.norm(grads)
+      return (params, opt_state), stats
+
+    def epoch(carry, i):
+      perm = jax.random.permutation(jax.random.fold_in(k_mb, i), b).reshape(cfg.num_minibatches, mb)
+      return jax.lax.scan(minibatch_update, carry, perm)
+
+    (params, opt_state), stats = jax.lax.scan(epoch, (state.params, state.opt_state),
+                                              jnp.arange(cfg.num_iterations))
+    stats = jax.tree.map(jnp.mean, stats)
+    grouped = rewards.reshape(p, g)
+    metrics = dict(
+        stats,
+        reward=jnp.mean(rewards),
+        accuracy=jnp.mean(correct.astype(jnp.float32)),
+        zero_variance_groups=jnp.mean(jnp.all(grouped == grouped[:, :1], axis=1)),
+        response_length=jnp.mean(out.lengths.astype(jnp.float32)),
+        truncated=jnp.mean((out.finish_reason == sampling.FINISH_LENGTH).astype(jnp.float32)),
+        adv_abs=jnp.sum(jnp.abs(adv.values) * adv.weights) / jnp.maximum(jnp.sum(adv.weights), 1),
+        nonfinite_batch=(~finite.ok).astype(jnp.int32),
+        nonfinite_index=finite.first_bad_index,
+    )
+    new_state = RLState(params=params, opt_state=opt_state, key=state.key, step=state.step + 1,
+                        cursor=state.cursor + p)
+    return new_state, metrics
+
+  # ---------------------------------------------------------------------------------- eval
+  def evaluate(self, params, *, num_problems: int | None = None, num_samples: int | None = None,
+               seed: int = 1234) -> dict:
+    """pass@k (k = 1, 2, 4, ... n), accuracy, greedy pass@1, maj@k and token entropy on the
+    test split, overall and per difficulty. Sampling at the training temperature."""
+    cfg = self.cfg
+    data = self.test_data
+    n_prob = min(num_problems or cfg.eval_problems, data.prompt_tokens.shape[0])
+    n = num_samples or cfg.eval_samples
+    rows = max(1, cfg.eval_batch // n) * n  # rows per call: whole problems
+    per_call = rows // n
+    fn = self._eval_fn(rows)
+    greedy_fn = self._eval_fn(per_call, greedy=True)
+    correct, answers, surprisal, tokens_count, greedy = [], [], 0.0, 0, []
+    for start in range(0, n_prob, per_call):
+      prob = np.arange(start, start + per_call) % data.prompt_tokens.shape[0]
+      idx = jnp.asarray(np.repeat(prob, n), jnp.int32)
+      key = jax.random.fold_in(jax.random.key(seed), start)
+      out, r_ok = fn(params, idx, key)
+      keep = min(per_call, n_prob - start)
+      ok = np.asarray(r_ok).reshape(per_call, n)[:keep]
+      correct.append(ok)
+      toks = np.asarray(out.tokens).reshape(per_call, n, -1)[:keep]
+      msk = np.asarray(out.mask).reshape(per_call, n, -1)[:keep]
+      for pt, pm in zip(toks, msk):
+        answers.append([self.tok.decode(t[m]).split(",")[-1] or None for t, m in zip(pt, pm)])
+      lp = np.asarray(out.policy_logprobs).reshape(per_call, n, -1)[:keep]
+      surprisal += float(-(lp * msk).sum())
+      tokens_count += int(msk.sum())
+      _, g_ok = greedy_fn(params, jnp.asarray(prob, jnp.int32), key)
+      greedy.append(np.asarray(g_ok)[:keep])
+    correct = np.concatenate(correct)
+    diff = np.asarray(data.difficulty)[:n_prob]
+    res = evm.summarize_passk(correct, diff, evm.ks_up_to(n))
+    res["greedy_pass@1"] = float(np.concatenate(greedy).mean())
+    refs = [r["answer"] for r in self.rows["test"][:n_prob]]
+    for k in [k for k in evm.ks_up_to(n) if k > 1][:3]:
+      res[f"maj@{k}"] = evm.majority_at_k(answers, refs, k)
+    res["token_entropy"] = surprisal / max(tokens_count, 1)
+    return res
+
+  def _eval_fn(self, rows: int, greedy: bool = False):
+    if (rows, greedy) not in self._eval_fns:
+      scfg = dataclasses.replace(self.sampling_cfg, temperature=0.0) if greedy else self.sampling_cfg
+      data = self.test_data
+
+      def fn(params, idx, key):
+        out = sampling.sample(self.graphdef, params, data.prompt_tokens[idx],
+                              data.prompt_mask[idx], key, cfg=scfg)
+        _, ok = self._reward(out.tokens, out.mask, idx, data)
+        return out, ok
+
+      self._eval_fns[(rows, greedy)] = jax.jit(fn)
+    return self._eval_fns[(rows, greedy)]
+
+
+def host_reward(fn, tokens, mask, idx, *, split_id: int):
+  """Score completions on the host through one batched callback (the only host boundary).
+
+  fn(tokens [B, N] np.int32, mask [B, N] np.bool_, idx [B] np.int32, split) -> [B] float32.
+  Returns (rewards [B] float32, correct [B] bool = reward >= 1).
+  """
+  shape = jax.ShapeDtypeStruct(idx.shape, jnp.float32)
+  r = jax.pure_callback(lambda t, m, i: np.asarray(fn(t, m, i, split_id), np.float32), shape,
+                        tokens, mask, idx, vmap_method="sequential")
+  return r, r >= 1.0
+
+
+def make_train(config: RLConfig | dict, **kw) -> Trainer:
+  """Host-side setup of a run; see ``Trainer``."""
+  from rlpost.train.config import from_dict
+
+  cfg = config if isinstance(config, RLConfig) else from_dict(RLConfig, config)
+  if isinstance(config, RLConfig):
+    cfg.validate()
+  return Trainer(cfg, **kw)
+
+
+def raise_if_bad(metrics: dict, step: int) -> None:
+  """Host-side checks after a step: non-finite rollouts or loss stop the run with the index."""
+  if int(metrics["nonfinite_batch"]):
+    raise FloatingPointError(
+        f"step {step}: non-finite reward or log-prob at rollout index "
+        f"{int(metrics['nonfinite_index'])} (prompt {int(metrics['nonfinite_index'])} // G)")
+  loss = float(metrics["loss"])
+  if not math.isfinite(loss):
+    raise FloatingPointError(f"step {step}: loss became {loss}")
