@@ -1,0 +1,1 @@
+"""Rollout allocation with static shapes: DARS schedules and merged groups."""
