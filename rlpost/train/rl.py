@@ -29,7 +29,7 @@ import optax
 from flax import nnx
 
 from rlpost import objectives as obj
-from rlpost import sampling
+from rlpost import sampling, sharding
 from rlpost.eval import metrics as evm
 from rlpost.models import transformer as tfm
 from rlpost.tasks import arithmetic, builders, countdown
@@ -83,6 +83,9 @@ class RLConfig:
   eval_problems: int = 500
   eval_samples: int = 16
   eval_batch: int = 1024
+  # devices: the rollout batch is split over a (data, fsdp) mesh of all devices
+  mesh_fsdp: int = 1
+  param_sharding: str = "replicate"  # or "fsdp"
   # run directory
   run_dir: str = ""
   checkpoint_every: int = 100
@@ -107,6 +110,15 @@ class RLConfig:
     need(self.eval_samples >= 1, "eval_samples", "must be >= 1")
     need(self.eval_every >= 1, "eval_every", "must be >= 1")
     need(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0")
+    need(self.param_sharding in ("replicate", "fsdp"), "param_sharding",
+         "must be 'replicate' or 'fsdp'")
+    n_dev = len(jax.devices())
+    need(self.mesh_fsdp >= 1 and n_dev % self.mesh_fsdp == 0, "mesh_fsdp",
+         f"must divide the number of devices ({n_dev})")
+    need((self.num_prompts * self.group_size // self.num_minibatches) % n_dev == 0,
+         "num_prompts", f"the mini-batch P*G/num_minibatches = "
+         f"{self.num_prompts * self.group_size // self.num_minibatches} rollouts must be divisible "
+         f"by the {n_dev} devices of the mesh")
     if self.recipe not in obj.list_recipes():
       raise ValueError(f"config key 'recipe': unknown recipe {self.recipe!r}; "
                        f"known: {list(obj.list_recipes())}")
@@ -191,7 +203,9 @@ class Trainer:
                         cfg.num_test, cfg.data_seed, cfg.model_seed)
     if cfg.sft_steps > 0:
       sft.cached_sft(self.model, data["train"], self.tok, sft_cfg, cfg.cache_dir, key, log=log)
-    self.graphdef, self.ref_params = nnx.split(self.model)
+    self.mesh = sharding.make_mesh(fsdp=cfg.mesh_fsdp)
+    self.graphdef, ref_params = nnx.split(self.model)
+    self.ref_params = sharding.shard_params(ref_params, self.mesh, mode=cfg.param_sharding)
     self.recipe = _recipe(cfg, self.max_new_tokens)
     self.needs_ref = "ref_logp" in self.recipe.requires
     self.needs_entropy = "entropy" in self.recipe.requires
@@ -202,15 +216,29 @@ class Trainer:
         max_new_tokens=self.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
         stop_tokens=(EOS,))
     self.num_traces = 0
-    self.step = jax.jit(self._step)
+    self._jit_step = None
     self._eval_fns = {}
 
   # ---------------------------------------------------------------------------------- state
   def init_state(self) -> RLState:
+    """The state at step 0: parameters placed by the sharding rule, the rest replicated."""
     params = self.ref_params
-    return RLState(params=params, opt_state=self.optimizer.init(params),
-                   key=jax.random.key_data(jax.random.key(self.cfg.seed)),
-                   step=jnp.int32(0), cursor=jnp.int32(0))
+    replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+    rest = jax.device_put((jax.random.key_data(jax.random.key(self.cfg.seed)), jnp.int32(0),
+                           jnp.int32(0)), replicated)
+    opt_state = jax.jit(self.optimizer.init)(params)  # moments follow the parameters' sharding
+    opt_state = jax.tree.map(
+        lambda x: x if len(x.sharding.device_set) == len(self.mesh.devices.flat)
+        else jax.device_put(x, replicated), opt_state)
+    return RLState(params, opt_state, *rest)
+
+  def step(self, state: RLState):
+    """One RL step: ``(state) -> (state, metrics)``, jitted; the output state keeps the input
+    state's shardings, so one compilation serves the whole run (and resumed runs)."""
+    if self._jit_step is None:
+      shardings = jax.tree.map(lambda x: x.sharding, state)
+      self._jit_step = jax.jit(self._step, out_shardings=(shardings, None))
+    return self._jit_step(state)
 
   # ---------------------------------------------------------------------------------- reward
   def _reward(self, tokens, mask, idx, data: TaskArrays):
@@ -240,6 +268,11 @@ class Trainer:
     p1 = jax.random.permutation(jax.random.fold_in(key, e0 + 1), n)
     return jnp.where(epoch == e0, p0[pos % n], p1[pos % n])
 
+  def _rows(self, x):
+    """Constrain x's leading (rollout) dimension to be split over the mesh."""
+    spec = sharding.batch_spec(x.ndim)
+    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(self.mesh, spec))
+
   def _policy_logp(self, params, prompts, pmask, tokens, tmask):
     model = nnx.merge(self.graphdef, params)
     logp, logits = tfm.completion_logprobs(model, prompts, pmask, tokens, tmask, return_logits=True)
@@ -257,7 +290,10 @@ class Trainer:
     data = self.train_data
     pidx = self._prompt_indices(state.cursor, p, data_root)
     idx = jnp.repeat(pidx, g)  # [B]
-    prompts, pmask = data.prompt_tokens[idx], data.prompt_mask[idx]
+    # Rollout rows are split over every device of the mesh; everything downstream (sampling,
+    # reward, log-probs, loss) follows that split, and the compiler sums the gradients.
+    idx = self._rows(idx)
+    prompts, pmask = self._rows(data.prompt_tokens[idx]), self._rows(data.prompt_mask[idx])
     out = sampling.sample(self.graphdef, state.params, prompts, pmask, k_sample,
                           cfg=self.sampling_cfg)
     rewards, correct = self._reward(out.tokens, out.mask, idx, data)
@@ -276,6 +312,7 @@ class Trainer:
 
     def minibatch_update(carry, rows):
       params, opt_state = carry
+      rows = self._rows(rows)
       sub = jax.tree.map(lambda x: x[rows], batch)
 
       def loss_fn(params):
