@@ -32,6 +32,7 @@ from rlpost import objectives as obj
 from rlpost import sampling, sharding
 from rlpost.eval import metrics as evm
 from rlpost.models import transformer as tfm
+from rlpost.rollouts import dars
 from rlpost.tasks import arithmetic, builders, countdown
 from rlpost.tasks.tokenizer import EOS, CharTokenizer
 from rlpost.train import sft
@@ -68,6 +69,10 @@ class RLConfig:
   max_new_tokens: int = 0  # 0: longest demonstration + 2
   temperature: float = 1.0
   top_p: float = 1.0
+  dynamic_sampling_factor: int = 1  # DAPO: sample k*P groups, keep P with mixed outcomes
+  dars_schedule: str = ""  # "", "et" (equal treatment) or "hw" (hardness weighted)
+  dars_n_max: int = 32  # largest merged group (stage 1 + stage 2)
+  dars_budget: int = 0  # stage-2 rows per step (static); 0: P * (n_max - G) (never truncates)
   # optimisation
   lr: float = 1e-4
   b1: float = 0.9
@@ -105,9 +110,14 @@ class RLConfig:
     need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
     need(self.num_iterations >= 1, "num_iterations", "must be >= 1")
     need(self.num_minibatches >= 1, "num_minibatches", "must be >= 1")
-    need((self.num_prompts * self.group_size) % self.num_minibatches == 0, "num_minibatches",
-         f"must divide the rollout batch P*G = {self.num_prompts * self.group_size}")
     need(self.eval_samples >= 1, "eval_samples", "must be >= 1")
+    need(self.dynamic_sampling_factor >= 1, "dynamic_sampling_factor", "must be >= 1")
+    need(self.dars_schedule in ("", "et", "hw"), "dars_schedule", "must be '', 'et' or 'hw'")
+    need(not (self.dars_schedule and self.dynamic_sampling_factor > 1), "dars_schedule",
+         "DARS and DAPO dynamic sampling are exclusive")
+    need(not self.dars_schedule or self.dars_n_max >= self.group_size, "dars_n_max",
+         "must be >= group_size")
+    need(self.dars_budget >= 0, "dars_budget", "must be >= 0")
     need(self.eval_every >= 1, "eval_every", "must be >= 1")
     need(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0")
     need(self.param_sharding in ("replicate", "fsdp"), "param_sharding",
@@ -115,16 +125,25 @@ class RLConfig:
     n_dev = len(jax.devices())
     need(self.mesh_fsdp >= 1 and n_dev % self.mesh_fsdp == 0, "mesh_fsdp",
          f"must divide the number of devices ({n_dev})")
-    need((self.num_prompts * self.group_size // self.num_minibatches) % n_dev == 0,
-         "num_prompts", f"the mini-batch P*G/num_minibatches = "
-         f"{self.num_prompts * self.group_size // self.num_minibatches} rollouts must be divisible "
-         f"by the {n_dev} devices of the mesh")
+    rows = self.num_prompts * self.group_size + self.resolved_dars_budget
+    need(rows % self.num_minibatches == 0, "num_minibatches",
+         f"must divide the rollout batch of {rows} rows")
+    need((rows // self.num_minibatches) % n_dev == 0,
+         "num_prompts", f"the mini-batch of {rows // self.num_minibatches} rollouts must be "
+         f"divisible by the {n_dev} devices of the mesh")
     if self.recipe not in obj.list_recipes():
       raise ValueError(f"config key 'recipe': unknown recipe {self.recipe!r}; "
                        f"known: {list(obj.list_recipes())}")
     unknown = set(self.model) - {f.name for f in dataclasses.fields(tfm.TransformerConfig)}
     if unknown:
       raise ValueError(f"config key 'model': unknown TransformerConfig field(s) {sorted(unknown)}")
+
+
+  @property
+  def resolved_dars_budget(self) -> int:
+    if not self.dars_schedule:
+      return 0
+    return self.dars_budget or self.num_prompts * (self.dars_n_max - self.group_size)
 
 
 class RLState(NamedTuple):
@@ -135,6 +154,21 @@ class RLState(NamedTuple):
   key: jax.Array  # raw uint32 key data (typed keys are not checkpointable as is)
   step: jax.Array  # int32 []
   cursor: jax.Array  # int32 [], prompts consumed so far
+
+
+class Rollouts(NamedTuple):
+  """Sampled and scored rows: prompt ids [R], prompts [R, Tp], completions [R, N], log-probs
+  under the sampling policy [R, N], finish reasons, rewards [R] and correctness [R]."""
+
+  idx: jax.Array
+  prompts: jax.Array
+  pmask: jax.Array
+  tokens: jax.Array
+  mask: jax.Array
+  logp: jax.Array
+  finish: jax.Array
+  rewards: jax.Array
+  correct: jax.Array
 
 
 class TaskArrays(NamedTuple):
@@ -215,6 +249,7 @@ class Trainer:
     self.sampling_cfg = sampling.SamplingConfig(
         max_new_tokens=self.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
         stop_tokens=(EOS,))
+    self.dars_budget = cfg.resolved_dars_budget
     self.num_traces = 0
     self._jit_step = None
     self._eval_fns = {}
@@ -279,32 +314,88 @@ class Trainer:
     ent = obj.token_entropy(logits) if self.needs_entropy else None
     return logp, ent
 
+  def _sample_rows(self, params, idx, key):
+    """Sample and score one completion per row for prompts ``idx`` [R] (rows split over the mesh)."""
+    data = self.train_data
+    idx = self._rows(idx)
+    prompts, pmask = self._rows(data.prompt_tokens[idx]), self._rows(data.prompt_mask[idx])
+    out = sampling.sample(self.graphdef, params, prompts, pmask, key, cfg=self.sampling_cfg)
+    rewards, correct = self._reward(out.tokens, out.mask, idx, data)
+    return Rollouts(idx, prompts, pmask, out.tokens, out.mask, out.policy_logprobs,
+                    out.finish_reason, rewards, correct)
+
+  def _collect(self, params, cursor, key, data_key):
+    """Rollouts for one step, with static shapes whatever the allocation rule.
+
+    Returns (rollouts [R rows], group_id [R], valid [R], prompts consumed, extra metrics).
+    Plain: R = P*G. DAPO dynamic sampling (factor k): P*k groups are sampled, the first P with
+    mixed outcomes are kept (rows of missing groups are invalid). DARS: P*N stage-1 rows plus a
+    fixed budget of stage-2 rows assigned to prompts by the schedule; groups whose merged
+    accuracy is 0 or 1 are dropped.
+    """
+    cfg = self.cfg
+    p, g = cfg.num_prompts, cfg.group_size
+    k1, k2 = jax.random.split(key)
+    if cfg.dars_schedule:
+      pidx = self._prompt_indices(cursor, p, data_key)
+      r1 = self._sample_rows(params, jnp.repeat(pidx, g), k1)
+      acc = r1.rewards.reshape(p, g).mean(axis=1)
+      extra = dars.extra_rollouts(acc, g, cfg.dars_n_max, schedule=cfg.dars_schedule)
+      budget = self.dars_budget
+      cum = jnp.cumsum(extra)
+      owner = jnp.searchsorted(cum, jnp.arange(budget), side="right")  # [R2]
+      valid2 = jnp.arange(budget) < cum[-1]
+      owner = jnp.minimum(owner, p - 1)
+      r2 = self._sample_rows(params, pidx[owner], k2)
+      ro = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), r1, r2)
+      group = jnp.concatenate([jnp.repeat(jnp.arange(p), g), owner]).astype(jnp.int32)
+      valid = jnp.concatenate([jnp.ones((p * g,), bool), valid2])
+      n_valid = jax.ops.segment_sum(valid.astype(jnp.int32), group, p)
+      n_right = jax.ops.segment_sum((valid & ro.correct).astype(jnp.int32), group, p)
+      mixed = (n_right > 0) & (n_right < n_valid)
+      stage2_right = jax.ops.segment_sum((valid2 & r2.correct).astype(jnp.int32), owner, p)
+      metrics = dict(
+          dars_extra_rollouts=jnp.sum(jnp.minimum(cum[-1], budget)).astype(jnp.float32),
+          dars_budget_used=jnp.minimum(cum[-1], budget) / max(budget, 1),
+          dars_all_wrong_stage1=jnp.sum(acc == 0).astype(jnp.float32),
+          dars_rescued=jnp.sum((acc == 0) & (stage2_right > 0)).astype(jnp.float32),
+          kept_groups=jnp.mean(mixed.astype(jnp.float32)))
+      return ro, group, valid & mixed[group], p, metrics
+    k = cfg.dynamic_sampling_factor
+    pidx = self._prompt_indices(cursor, p * k, data_key)
+    ro = self._sample_rows(params, jnp.repeat(pidx, g), k1)
+    if k == 1:
+      group = jnp.repeat(jnp.arange(p, dtype=jnp.int32), g)
+      return ro, group, jnp.ones((p * g,), bool), p, {}
+    right = ro.correct.reshape(p * k, g).sum(axis=1)
+    mixed = (right > 0) & (right < g)
+    chosen = jnp.argsort(~mixed, stable=True)[:p]  # mixed groups first, in sampling order
+    rows = (chosen[:, None] * g + jnp.arange(g)[None, :]).reshape(-1)
+    ro = jax.tree.map(lambda x: self._rows(x[rows]), ro)
+    group = jnp.repeat(jnp.arange(p, dtype=jnp.int32), g)
+    valid = jnp.repeat(mixed[chosen], g)
+    metrics = dict(kept_groups=jnp.mean(mixed[chosen].astype(jnp.float32)),
+                   mixed_fraction_sampled=jnp.mean(mixed.astype(jnp.float32)))
+    return ro, group, valid, p * k, metrics
+
   def _step(self, state: RLState):
     self.num_traces += 1  # trace-time side effect: counts compilations
     cfg = self.cfg
-    p, g = cfg.num_prompts, cfg.group_size
-    b = p * g
     step_root, data_root = jax.random.split(_unpack_key(state.key))
     key = jax.random.fold_in(step_root, state.step)
     k_sample, k_adv, k_mb = jax.random.split(key, 3)
-    data = self.train_data
-    pidx = self._prompt_indices(state.cursor, p, data_root)
-    idx = jnp.repeat(pidx, g)  # [B]
     # Rollout rows are split over every device of the mesh; everything downstream (sampling,
     # reward, log-probs, loss) follows that split, and the compiler sums the gradients.
-    idx = self._rows(idx)
-    prompts, pmask = self._rows(data.prompt_tokens[idx]), self._rows(data.prompt_mask[idx])
-    out = sampling.sample(self.graphdef, state.params, prompts, pmask, k_sample,
-                          cfg=self.sampling_cfg)
-    rewards, correct = self._reward(out.tokens, out.mask, idx, data)
+    ro, group, valid, consumed, extra_metrics = self._collect(state.params, state.cursor,
+                                                              k_sample, data_root)
+    b = ro.rewards.shape[0]
     ref_logp = None
     if self.needs_ref:
-      ref_logp, _ = self._policy_logp(self.ref_params, prompts, pmask, out.tokens, out.mask)
+      ref_logp, _ = self._policy_logp(self.ref_params, ro.prompts, ro.pmask, ro.tokens, ro.mask)
       ref_logp = jax.lax.stop_gradient(ref_logp)
-    batch = RolloutBatch(group_id=jnp.repeat(jnp.arange(p, dtype=jnp.int32), g),
-                         valid=jnp.ones((b,), bool), tokens=out.tokens, token_mask=out.mask,
-                         rewards=rewards, behaviour_logp=out.policy_logprobs, ref_logp=ref_logp,
-                         correct=correct)
+    batch = RolloutBatch(group_id=group, valid=valid, tokens=ro.tokens, token_mask=ro.mask,
+                         rewards=ro.rewards, behaviour_logp=ro.logp, ref_logp=ref_logp,
+                         correct=ro.correct)
     finite = obj.check_finite(batch)
     adv, _ = obj.compute_advantages(self.recipe.advantage, batch, key=k_adv)
 
@@ -316,7 +407,7 @@ class Trainer:
       sub = jax.tree.map(lambda x: x[rows], batch)
 
       def loss_fn(params):
-        logp, ent = self._policy_logp(params, prompts[rows], pmask[rows], sub.tokens,
+        logp, ent = self._policy_logp(params, ro.prompts[rows], ro.pmask[rows], sub.tokens,
                                       sub.token_mask)
         parts, metrics = self.recipe.loss_fn(logp, sub, adv.values[rows], adv.weights[rows],
                                              entropy=ent)
@@ -337,20 +428,22 @@ class Trainer:
     (params, opt_state), stats = jax.lax.scan(epoch, (state.params, state.opt_state),
                                               jnp.arange(cfg.num_iterations))
     stats = jax.tree.map(jnp.mean, stats)
-    grouped = rewards.reshape(p, g)
+    vf = valid.astype(jnp.float32)
+    n_valid = jnp.maximum(jnp.sum(vf), 1.0)
     metrics = dict(
         stats,
-        reward=jnp.mean(rewards),
-        accuracy=jnp.mean(correct.astype(jnp.float32)),
-        zero_variance_groups=jnp.mean(jnp.all(grouped == grouped[:, :1], axis=1)),
-        response_length=jnp.mean(out.lengths.astype(jnp.float32)),
-        truncated=jnp.mean((out.finish_reason == sampling.FINISH_LENGTH).astype(jnp.float32)),
+        **extra_metrics,
+        reward=jnp.sum(ro.rewards * vf) / n_valid,
+        accuracy=jnp.sum(ro.correct * vf) / n_valid,
+        zero_variance_groups=obj.zero_variance_fraction(batch.rewards, batch.group_id, batch.valid),
+        response_length=jnp.sum(jnp.sum(ro.mask, axis=1) * vf) / n_valid,
+        truncated=jnp.sum((ro.finish == sampling.FINISH_LENGTH) * vf) / n_valid,
         adv_abs=jnp.sum(jnp.abs(adv.values) * adv.weights) / jnp.maximum(jnp.sum(adv.weights), 1),
         nonfinite_batch=(~finite.ok).astype(jnp.int32),
         nonfinite_index=finite.first_bad_index,
     )
     new_state = RLState(params=params, opt_state=opt_state, key=state.key, step=state.step + 1,
-                        cursor=state.cursor + p)
+                        cursor=state.cursor + consumed)
     return new_state, metrics
 
   # ---------------------------------------------------------------------------------- eval

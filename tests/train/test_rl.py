@@ -55,6 +55,28 @@ def test_every_recipe_trains_without_nan_or_recompilation(dirs, recipe, args, g)
   del p0
 
 
+@pytest.mark.parametrize("kw", [
+    dict(recipe="dars", dars_schedule="et", dars_n_max=8),
+    dict(recipe="dars", dars_schedule="hw", dars_n_max=8, dars_budget=8),
+    dict(recipe="dapo", dynamic_sampling_factor=3),
+], ids=["dars-et", "dars-hw-budget", "dapo-dynamic"])
+def test_rollout_allocation_in_the_step(dirs, kw):
+  tr = tiny(dirs, **kw)
+  state = tr.init_state()
+  for i in range(3):
+    state, m = tr.step(state)
+    m = jax.device_get(m)
+    rl.raise_if_bad(m, i + 1)
+    assert all(np.isfinite(v) for v in m.values())
+  assert tr.num_traces == 1
+  if "dars_schedule" in kw:
+    assert "dars_rescued" in m and 0 <= m["dars_rescued"] <= m["dars_all_wrong_stage1"]
+    assert int(state.cursor) == 3 * 4
+  else:
+    assert int(state.cursor) == 3 * 4 * 3  # k*P prompts consumed per step
+    assert 0 <= m["kept_groups"] <= 1
+
+
 def test_countdown_through_host_callback(dirs):
   tr = tiny(dirs, task="countdown", task_spec={}, num_train=100, num_test=20)
   state, m = tr.step(tr.init_state())
