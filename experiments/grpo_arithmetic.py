@@ -2,7 +2,7 @@
 
 Command:  python scripts/train.py experiments/grpo_arithmetic.py [key=value ...]
 Hardware: 2 CPU cores. Policy: 2-layer decoder, d=128, 4 heads, MLP 512 (~0.4M parameters),
-character vocabulary. SFT warm start 500 steps at 3e-3 (cached), then GRPO with 16 prompts x G=8,
+character vocabulary. SFT warm start 500 steps at 1e-3 (cached), then GRPO with 16 prompts x G=8,
 Adam 1e-4, global-norm clip 1.0, PPO clip 0.2, KL k3 x 0.04 (the GRPO recipe's defaults).
 Evaluation: 500 test problems x 16 samples at temperature 1 (pass@k, k = 1..16) and greedy.
 """

@@ -43,7 +43,8 @@ def _features():
 
 
 class _SyntheticBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-  VERSION = tfds.core.Version("1.0.0")
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {"1.1.0": "Train no longer drops prompts that also occur in test."}
   # tfds otherwise locates its metadata and checksum files through the top-level package's
   # resources, which fails for editable installs; these builders ship no such files.
   pkg_dir_path = epath.Path(os.path.dirname(os.path.abspath(__file__)))
@@ -62,11 +63,12 @@ class _SyntheticBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True)
   def _split_generators(self, dl_manager):
     del dl_manager
     cfg = self.builder_config
-    # Train and test draw from disjoint seed streams; duplicates of test prompts are removed
-    # from train so that test accuracy measures generalisation.
+    # Train and test draw from different seed streams. They are not de-duplicated: the easiest
+    # levels have tiny problem spaces (100 one-digit additions) that a test set covers entirely,
+    # so removing test prompts from train would remove those levels from training. Per-level
+    # test metrics show where memorisation is possible.
     test = self._make(cfg.num_test, seed=2 * cfg.seed + 1)
-    test_prompts = {r["prompt"] for r in test}
-    train = [r for r in self._make(cfg.num_train, seed=2 * cfg.seed) if r["prompt"] not in test_prompts]
+    train = self._make(cfg.num_train, seed=2 * cfg.seed)
     return {"train": self._generate_examples(train), "test": self._generate_examples(test)}
 
   def _generate_examples(self, rows):

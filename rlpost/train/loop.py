@@ -1,7 +1,8 @@
 """The outer training loop: resume, step, evaluate, log, checkpoint, plot.
 
 A run directory holds ``config.json``, ``metrics.jsonl`` (one JSON object per step or
-evaluation), ``checkpoints/`` (orbax) and ``learning_curve.png``. Resuming restores the latest
+evaluation), ``tb/`` (TensorBoard event files: ``tensorboard --logdir runs``), ``checkpoints/``
+(orbax) and ``learning_curve.png``. Resuming restores the latest
 complete checkpoint and continues bit for bit (the state carries the PRNG key, step and data
 cursor); resuming a finished run does nothing and says so. A non-finite loss or rollout stops the
 run, keeping the last good checkpoint, and the error says which step that is.
@@ -16,6 +17,7 @@ import time
 
 import jax
 import numpy as np
+from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
 from rlpost.train import checkpoint
@@ -83,9 +85,16 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
     metrics = {"eval/pass@1": last_eval["pass@1"]} if last_eval and last_eval["step"] == step else None
     ckpt.save(step, state, {"config": cfg_dict, "evals": evals}, metrics)
 
+  tb = SummaryWriter(os.path.join(run_dir, "tb"))
+
+  def write_tb(step: int, prefix: str, values: dict):
+    for k, v in values.items():
+      if isinstance(v, (int, float)) and k != "step":
+        tb.add_scalar(f"{prefix}/{k}".replace("@", "_at_"), v, step)  # TB tags allow no "@"
+
   start = int(state.step)
   if start == 0:
-    do_eval(0)
+    write_tb(0, "eval", do_eval(0))
   bar = tqdm(total=cfg.steps, initial=start, disable=not progress, desc="rl", dynamic_ncols=True)
   last_good = resumed_from
   history = []
@@ -105,9 +114,9 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
       metrics["step_seconds"] = time.perf_counter() - t0
       history.append(metrics)
       _append(metrics_path, {"step": step, **{f"train/{k}": v for k, v in metrics.items()}})
-      ev = None
+      write_tb(step, "train", metrics)
       if step % cfg.eval_every == 0 or step == cfg.steps:
-        ev = do_eval(step)
+        write_tb(step, "eval", do_eval(step))
       if step % cfg.checkpoint_every == 0 or step == cfg.steps:
         save(step, evals[-1] if evals else None)
         last_good = step
@@ -116,9 +125,9 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
       if evals:
         post["pass@1"] = f"{evals[-1]['pass@1']:.3f}"
       bar.set_postfix(post)
-      del ev
   finally:
     bar.close()
+    tb.close()
     ckpt.close()
   plot_learning_curve(metrics_path, os.path.join(run_dir, "learning_curve.png"))
   return {"state": state, "evals": evals, "resumed_from": resumed_from}

@@ -59,7 +59,7 @@ class RLConfig:
   model_seed: int = 0
   sft_steps: int = 500
   sft_batch_size: int = 256
-  sft_lr: float = 3e-3
+  sft_lr: float = 1e-3
   cache_dir: str = builders.DEFAULT_DATA_DIR.replace("tfds", "policies")
   # rollouts
   recipe: str = "grpo"

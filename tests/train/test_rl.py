@@ -105,8 +105,28 @@ def test_exact_resume_and_finished_run(dirs, tmp_path):
   rows = loop.read_metrics(str(tmp_path / "a" / "metrics.jsonl"))
   assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3, 4]
   assert os.path.exists(tmp_path / "a" / "learning_curve.png")
+  tags = _tensorboard_tags(tmp_path / "a" / "tb")
+  assert {"train/loss", "train/reward", "eval/pass_at_1"} <= tags
   with pytest.raises(ValueError, match=r"different config \(keys \['lr'\]\)"):
     loop.run(tiny(dirs, lr=3e-4), str(tmp_path / "b"), progress=False)
+
+
+def _tensorboard_tags(tb_dir) -> set:
+  """Scalar tags in TensorBoard event files (TFRecord framing, Event protos)."""
+  import struct
+
+  from tensorboardX.proto import event_pb2
+
+  tags = set()
+  for f in os.listdir(tb_dir):
+    data = open(os.path.join(tb_dir, f), "rb").read()
+    pos = 0
+    while pos < len(data):
+      (n,) = struct.unpack("<Q", data[pos:pos + 8])
+      ev = event_pb2.Event.FromString(data[pos + 12:pos + 12 + n])
+      tags.update(v.tag for v in ev.summary.value)
+      pos += 12 + n + 4
+  return tags
 
 
 def test_nonfinite_reward_names_the_rollout(dirs, tmp_path):
