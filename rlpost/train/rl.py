@@ -386,8 +386,13 @@ class Trainer:
     k_sample, k_adv, k_mb = jax.random.split(key, 3)
     # Rollout rows are split over every device of the mesh; everything downstream (sampling,
     # reward, log-probs, loss) follows that split, and the compiler sums the gradients.
-    ro, group, valid, consumed, extra_metrics = self._collect(state.params, state.cursor,
-                                                              k_sample, data_root)
+    collected = self._collect(state.params, state.cursor, k_sample, data_root)
+    return self._update(state, collected, k_adv, k_mb)
+
+  def _update(self, state: RLState, collected, k_adv, k_mb):
+    """Reference log-probs, advantages and the optimizer epochs on collected rollouts."""
+    cfg = self.cfg
+    ro, group, valid, consumed, extra_metrics = collected
     b = ro.rewards.shape[0]
     ref_logp = None
     if self.needs_ref:
