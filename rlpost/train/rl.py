@@ -514,8 +514,22 @@ def host_reward(fn, tokens, mask, idx, *, split_id: int):
   Returns (rewards [B] float32, correct [B] bool = reward >= 1).
   """
   shape = jax.ShapeDtypeStruct(idx.shape, jnp.float32)
-  r = jax.pure_callback(lambda t, m, i: np.asarray(fn(t, m, i, split_id), np.float32), shape,
-                        tokens, mask, idx, vmap_method="sequential")
+
+  def checked(t, m, i):
+    try:
+      r = np.asarray(fn(t, m, i, split_id), np.float32)
+    except Exception as e:  # noqa: BLE001 - re-raised with the batch context
+      raise RuntimeError(f"reward function failed on a batch of {len(i)} rollouts "
+                         f"(prompts {int(i.min())}..{int(i.max())}): {e!r}") from e
+    if r.shape != i.shape:
+      raise ValueError(f"reward function returned shape {r.shape}, expected {i.shape}")
+    bad = np.flatnonzero(~np.isfinite(r))
+    if bad.size:
+      raise ValueError(f"reward function returned {r[bad[0]]} for rollout {int(bad[0])} "
+                       f"(prompt {int(i[bad[0]])})")
+    return r
+
+  r = jax.pure_callback(checked, shape, tokens, mask, idx, vmap_method="sequential")
   return r, r >= 1.0
 
 

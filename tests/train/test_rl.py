@@ -59,7 +59,10 @@ def test_every_recipe_trains_without_nan_or_recompilation(dirs, recipe, args, g)
     dict(recipe="dars", dars_schedule="et", dars_n_max=8),
     dict(recipe="dars", dars_schedule="hw", dars_n_max=8, dars_budget=8),
     dict(recipe="dapo", dynamic_sampling_factor=3),
-], ids=["dars-et", "dars-hw-budget", "dapo-dynamic"])
+    # DARS-B: breadth (a larger rollout batch), full-batch updates, exactly 2 optimizer steps.
+    dict(recipe="dars", dars_schedule="et", dars_n_max=8, num_prompts=8, num_iterations=2,
+         num_minibatches=1),
+], ids=["dars-et", "dars-hw-budget", "dapo-dynamic", "dars-b"])
 def test_rollout_allocation_in_the_step(dirs, kw):
   tr = tiny(dirs, **kw)
   state = tr.init_state()
@@ -71,7 +74,7 @@ def test_rollout_allocation_in_the_step(dirs, kw):
   assert tr.num_traces == 1
   if "dars_schedule" in kw:
     assert "dars_rescued" in m and 0 <= m["dars_rescued"] <= m["dars_all_wrong_stage1"]
-    assert int(state.cursor) == 3 * 4
+    assert int(state.cursor) == 3 * tr.cfg.num_prompts
   else:
     assert int(state.cursor) == 3 * 4 * 3  # k*P prompts consumed per step
     assert 0 <= m["kept_groups"] <= 1
@@ -83,6 +86,22 @@ def test_countdown_through_host_callback(dirs):
   assert np.isfinite(float(m["loss"]))
   res = tr.evaluate(state.params)
   assert 0.0 <= res["pass@1"] <= 1.0
+  # A host reward returning NaN or the wrong shape fails with the rollout and prompt named.
+  tr = tiny(dirs, task="countdown", task_spec={}, num_train=100, num_test=20)
+  real = tr._score_host
+
+  def nan_at_5(tokens, mask, idx, split):
+    r = real(tokens, mask, idx, split)
+    r[5] = np.nan
+    return r
+
+  tr._score_host = nan_at_5
+  with pytest.raises(Exception, match=r"rollout 5 \(prompt \d+\)"):
+    tr.step(tr.init_state())
+  tr = tiny(dirs, task="countdown", task_spec={}, num_train=100, num_test=20)
+  tr._score_host = lambda tokens, mask, idx, split: np.zeros(3, np.float32)
+  with pytest.raises(Exception, match=r"returned shape \(3,\), expected \(16,\)"):
+    tr.step(tr.init_state())
 
 
 def test_exact_resume_and_finished_run(dirs, tmp_path):
