@@ -1,0 +1,371 @@
+"""Reading parameters out of a run's orbax checkpoints, and writing averaged ones atomically.
+
+The project's ``rlpost.train.checkpoint.Checkpointer`` stores the whole train state (parameters,
+optimizer state, PRNG key, step, data cursor) as a flat dict of its leaves, keyed "00000",
+"00001", ... in ``jax.tree.leaves`` order, under ``<dir>/<step>/state``, with a JSON item under
+``<dir>/<step>/meta``. ``CheckpointSource`` restores only the parameter leaves (an orbax partial
+restore: the other keys are never opened, so optimizer state costs no I/O and no memory), directly
+onto target shardings, and checks before reading any array that every selected checkpoint holds
+the same keys with the same shapes and dtypes.
+
+Which keys are parameters:
+  ``like`` + ``select``  a template of the whole train state and a function picking its parameter
+                         subtree (``lambda s: s.params``); restored trees then have that subtree's
+                         structure. ``param_key_indices`` exposes the mapping.
+  ``keys``               explicit flat keys or indices; restored values are a dict by key.
+  ``keys="auto"``        the leading floating-point leaves before the first integer leaf (the
+                         parameters of a state laid out as (params, optax state, ...) with an Adam
+                         step count first in the optimizer state); printed by the CLI, override it
+                         when the layout differs.
+  ``keys="all"``         every leaf.
+
+``write_params`` writes an averaged parameter tree (same flat layout, readable with
+``rlpost.train.checkpoint.load_params(out/"params", like)``) plus ``averaging.json`` into a
+temporary directory next to the target and renames it into place only when complete, so a crash
+mid-average or mid-write leaves no partial output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import tensorstore as ts
+
+Params = Any
+STATE_ITEM = "state"
+META_ITEM = "meta"
+
+
+def flat_key(i: int) -> str:
+  return f"{i:05d}"
+
+
+def param_key_indices(like: Any, select: Callable[[Any], Any]) -> Any:
+  """The flat-key indices of the leaves ``select(like)`` picks, in the subtree's structure.
+
+  like: the full train-state template (what ``Checkpointer.save`` was given).
+  select: a structural accessor, e.g. ``lambda s: s.params``.
+  """
+  leaves, treedef = jax.tree.flatten(like)
+  marked = jax.tree.unflatten(treedef, [_Index(i) for i in range(len(leaves))])
+  sub = select(marked)
+  idx = jax.tree.leaves(sub, is_leaf=lambda x: isinstance(x, _Index))
+  if not idx or not all(isinstance(i, _Index) for i in idx):
+    raise ValueError("select(like) must return a subtree of like's leaves")
+  return jax.tree.map(lambda i: i.i, sub, is_leaf=lambda x: isinstance(x, _Index))
+
+
+class _Index:
+  """A marker leaf carrying a flat index (not an array, so pytree maps leave it alone)."""
+
+  def __init__(self, i: int):
+    self.i = i
+
+  def __repr__(self):
+    return f"_Index({self.i})"
+
+
+def parse_key_ranges(spec: str) -> list[int]:
+  """'0-57,60' -> [0, ..., 57, 60]."""
+  out = []
+  for part in spec.split(","):
+    part = part.strip()
+    if not part:
+      continue
+    m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+    if not m:
+      raise ValueError(f"bad key range {part!r}; expected e.g. '0-57,60'")
+    lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+    if hi < lo:
+      raise ValueError(f"bad key range {part!r}: end before start")
+    out.extend(range(lo, hi + 1))
+  if not out:
+    raise ValueError(f"empty key range {spec!r}")
+  return out
+
+
+def list_steps(directory: str) -> list[int]:
+  """Steps of the complete checkpoints in ``directory`` (orbax's temporary dirs are skipped)."""
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
+  steps = []
+  for name in os.listdir(directory):
+    path = os.path.join(directory, name)
+    if name.isdigit() and os.path.isdir(os.path.join(path, STATE_ITEM)):
+      steps.append(int(name))
+  return sorted(steps)
+
+
+class CheckpointSource:
+  """Parameter-only access to the checkpoints of one run directory.
+
+  directory: the Checkpointer's directory (holding ``<step>/state``).
+  like, select: a train-state template and a parameter accessor (see module docstring); or
+  keys: "auto", "all", a range string ("0-57"), or a sequence of flat keys / indices.
+  shardings: target placement of each restored parameter: a pytree matching the output, a single
+    ``jax.sharding.Sharding`` for all, or None (the default device).
+  """
+
+  def __init__(self, directory: str, *, like: Any = None, select: Callable | None = None,
+               keys: str | Sequence[int | str] | None = None, shardings: Any = None):
+    self.directory = os.path.abspath(directory)
+    self.steps = list_steps(self.directory)
+    self._ckptr = ocp.PyTreeCheckpointer()
+    self._treedef = None
+    if like is not None:
+      if keys is not None:
+        raise ValueError("pass either like/select or keys, not both")
+      select = select or (lambda s: s)
+      idx_tree = param_key_indices(like, select)
+      idx, self._treedef = jax.tree.flatten(idx_tree)
+      self.keys = [flat_key(i) for i in idx]
+      template = jax.tree.leaves(select(like))
+      self._expected = {k: (tuple(np.shape(x)), np.dtype(x.dtype))
+                        for k, x in zip(self.keys, template)}
+    else:
+      self._expected = None
+      self.keys = self._resolve_keys("auto" if keys is None else keys)
+    self._shardings = self._resolve_shardings(shardings)
+
+  # ------------------------------------------------------------------------------- metadata
+  def _state_path(self, step: int) -> str:
+    return os.path.join(self.directory, str(int(step)), STATE_ITEM)
+
+  def _check_step(self, step: int) -> None:
+    if step not in self.steps:
+      raise ValueError(f"no checkpoint at step {step} in {self.directory} "
+                       f"(available: {self.steps})")
+
+  def stored_keys(self, step: int) -> list[str]:
+    """The flat keys stored at ``step``, from the checkpoint's JSON tree metadata."""
+    self._check_step(step)
+    path = os.path.join(self._state_path(step), "_METADATA")
+    with open(path) as f:
+      tree = json.load(f)["tree_metadata"]
+    keys = []
+    for entry in tree.values():
+      km = entry.get("key_metadata") or []
+      if len(km) != 1:
+        raise ValueError(f"checkpoint at step {step} is not a flat dict of leaves (the "
+                         f"Checkpointer layout); found a nested key {km}")
+      keys.append(str(km[0]["key"]))
+    return sorted(keys)
+
+  def leaf_metadata(self, step: int,
+                    keys: Sequence[str] | None = None) -> dict[str, tuple[tuple, np.dtype]]:
+    """{flat key: (global shape, dtype)} of ``keys`` (default: the parameter keys) at ``step``.
+
+    Reads only those keys' small zarr headers; no array data and no other key is touched.
+    """
+    self._check_step(step)
+    keys = self.keys if keys is None else list(keys)
+    kv = self._kvstore(step)
+    out = {}
+    for k in keys:
+      r = kv.read(f"{k}/.zarray").result()
+      if r.state != "value":
+        continue
+      header = json.loads(bytes(r.value))
+      out[k] = (tuple(header["shape"]), np.dtype(jnp.dtype(header["dtype"])))
+    return out
+
+  def _kvstore(self, step: int):
+    path = self._state_path(step)
+    if os.path.exists(os.path.join(path, "manifest.ocdbt")):
+      spec = {"driver": "ocdbt", "base": f"file://{path}"}
+    else:
+      spec = {"driver": "file", "path": path + "/"}
+    return ts.KvStore.open(spec).result()
+
+  def _resolve_keys(self, keys) -> list[str]:
+    if isinstance(keys, str) and keys not in ("auto", "all"):
+      keys = parse_key_ranges(keys)
+    if isinstance(keys, str):
+      if not self.steps:
+        raise ValueError(f"no checkpoints in {self.directory}")
+      names = self.stored_keys(self.steps[-1])
+      if keys == "all":
+        return names
+      out = []
+      for k in names:
+        md = self.leaf_metadata(self.steps[-1], [k])
+        if k not in md or not jnp.issubdtype(md[k][1], jnp.floating):
+          break
+        out.append(k)
+      if not out:
+        raise ValueError(f"keys='auto' found no leading floating-point leaves at step "
+                         f"{self.steps[-1]}; pass keys explicitly")
+      return out
+    return [flat_key(k) if isinstance(k, (int, np.integer)) else str(k) for k in keys]
+
+  def _resolve_shardings(self, shardings) -> list:
+    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    if shardings is None:
+      return [default] * len(self.keys)
+    if isinstance(shardings, jax.sharding.Sharding):
+      return [shardings] * len(self.keys)
+    flat = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+    if isinstance(shardings, dict) and self._treedef is None:
+      flat = [shardings[k] for k in self.keys]
+    if len(flat) != len(self.keys):
+      raise ValueError(f"got {len(flat)} shardings for {len(self.keys)} parameter leaves")
+    return flat
+
+  def describe_keys(self) -> str:
+    idx = [int(k) for k in self.keys]
+    runs, start = [], idx[0]
+    for a, b in zip(idx, idx[1:] + [None]):
+      if b != a + 1:
+        runs.append(f"{flat_key(start)}-{flat_key(a)}" if a != start else flat_key(a))
+        start = b
+    return ", ".join(runs)
+
+  def validate(self, steps: Sequence[int]) -> dict[str, tuple[tuple, np.dtype]]:
+    """Check that every step exists and holds the parameter keys with equal shapes and dtypes.
+
+    Returns the common {key: (shape, dtype)}. Errors name the first offending step and key.
+    """
+    if not steps:
+      raise ValueError("the checkpoint selection is empty; nothing to average")
+    ref = self._expected
+    ref_step = "the template" if ref is not None else None
+    for step in steps:
+      md = self.leaf_metadata(step)
+      missing = [k for k in self.keys if k not in md]
+      if missing:
+        stored = len(self.stored_keys(step))
+        raise ValueError(f"checkpoint at step {step} has no parameter leaves {missing[:5]} "
+                         f"(it has {stored} leaves); mismatched trees")
+      got = {k: md[k] for k in self.keys}
+      if ref is None:
+        ref, ref_step = got, f"step {step}"
+        continue
+      for k in self.keys:
+        if got[k][0] != ref[k][0]:
+          raise ValueError(f"checkpoint at step {step}: leaf {k} has shape {got[k][0]}, but "
+                           f"{ref_step} has {ref[k][0]}")
+        if got[k][1] != ref[k][1]:
+          raise ValueError(f"checkpoint at step {step}: leaf {k} has dtype {got[k][1]}, but "
+                           f"{ref_step} has {ref[k][1]}")
+    return ref
+
+  # ---------------------------------------------------------------------------------- reads
+  def load(self, step: int) -> Params:
+    """Restore only the parameter leaves of ``step``, placed on the target shardings."""
+    spec = self.validate([step])
+    abstract = {k: jax.ShapeDtypeStruct(spec[k][0], spec[k][1], sharding=s)
+                for k, s in zip(self.keys, self._shardings)}
+    restore_args = {k: ocp.ArrayRestoreArgs(sharding=s, global_shape=spec[k][0], dtype=spec[k][1])
+                    for k, s in zip(self.keys, self._shardings)}
+    out = self._ckptr.restore(self._state_path(step), args=ocp.args.PyTreeRestore(
+        item=abstract, restore_args=restore_args, partial_restore=True))
+    values = [out[k] for k in self.keys]
+    if self._treedef is not None:
+      return jax.tree.unflatten(self._treedef, values)
+    return dict(zip(self.keys, values))
+
+  def metrics(self, step: int) -> dict:
+    """Scalar metrics recorded for ``step``: orbax's step metrics, then the meta item's
+    "metrics" dict and top-level numbers (later sources do not override earlier ones)."""
+    out: dict = {}
+    root = os.path.join(self.directory, str(int(step)))
+    path = os.path.join(root, "_CHECKPOINT_METADATA")
+    if os.path.exists(path):
+      with open(path) as f:
+        out.update(json.load(f).get("metrics") or {})
+    path = os.path.join(root, META_ITEM, "metadata")
+    if os.path.exists(path):
+      with open(path) as f:
+        meta = json.load(f)
+      if isinstance(meta, dict):
+        for src in (meta.get("metrics") or {}, meta):
+          for k, v in src.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+              out.setdefault(k, float(v))
+    return out
+
+  def close(self) -> None:
+    self._ckptr.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def metrics_from_jsonl(path: str, key: str) -> dict[int, float]:
+  """{step: value} of ``key`` from a run's ``metrics.jsonl`` (the last record per step wins)."""
+  out = {}
+  with open(path) as f:
+    for line in f:
+      if line.strip():
+        rec = json.loads(line)
+        if key in rec and "step" in rec:
+          out[int(rec["step"])] = float(rec[key])
+  return out
+
+
+# ------------------------------------------------------------------------------------- output
+def write_params(out_dir: str, params: Params, info: dict, *, overwrite: bool = False) -> str:
+  """Atomically write ``params`` (flat leaves under ``out_dir/params``) and ``averaging.json``.
+
+  Everything is written into ``<out_dir>.tmp-<random>`` first and renamed into place at the end;
+  on any error the temporary directory is removed and ``out_dir`` is untouched.
+  """
+  out_dir = os.path.abspath(out_dir)
+  if os.path.exists(out_dir) and not overwrite:
+    raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
+  parent = os.path.dirname(out_dir)
+  os.makedirs(parent, exist_ok=True)
+  tmp = f"{out_dir}.tmp-{uuid.uuid4().hex[:8]}"
+  try:
+    leaves = {flat_key(i): x for i, x in enumerate(jax.tree.leaves(params))}
+    with ocp.StandardCheckpointer() as ckptr:
+      ckptr.save(os.path.join(tmp, "params"), leaves)
+    with open(os.path.join(tmp, "averaging.json"), "w") as f:
+      json.dump(info, f, indent=2, sort_keys=True, default=_jsonable)
+    if os.path.exists(out_dir):
+      old = f"{out_dir}.old-{uuid.uuid4().hex[:8]}"
+      os.rename(out_dir, old)
+      os.rename(tmp, out_dir)
+      shutil.rmtree(old, ignore_errors=True)
+    else:
+      os.rename(tmp, out_dir)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return out_dir
+
+
+def _jsonable(x):
+  if isinstance(x, (np.integer,)):
+    return int(x)
+  if isinstance(x, (np.floating,)):
+    return float(x)
+  if isinstance(x, np.ndarray):
+    return x.tolist()
+  return str(x)
+
+
+def read_params(out_dir: str, like: Any = None) -> tuple[Params, dict]:
+  """Read what ``write_params`` wrote: (params, info). Without ``like``: a dict by flat key."""
+  with open(os.path.join(out_dir, "averaging.json")) as f:
+    info = json.load(f)
+  with ocp.StandardCheckpointer() as ckptr:
+    path = os.path.join(os.path.abspath(out_dir), "params")
+    if like is None:
+      return ckptr.restore(path), info
+    leaves, treedef = jax.tree.flatten(like)
+    abstract = {flat_key(i): ocp.utils.to_shape_dtype_struct(x) for i, x in enumerate(leaves)}
+    out = ckptr.restore(path, abstract)
+  return jax.tree.unflatten(treedef, [out[flat_key(i)] for i in range(len(leaves))]), info

@@ -1,0 +1,45 @@
+"""Reproduce a paper table or figure: runs an experiment and writes markdown, JSON and plots.
+
+    python scripts/reproduce.py averaging            # full run (experiments/averaging/README.md)
+    python scripts/reproduce.py averaging --quick    # toy size, seconds
+    python scripts/reproduce.py averaging --seeds 5 --out /tmp/avg
+
+Each entry of ``EXPERIMENTS`` names a module with ``run(args)``; ``args`` carries ``quick``,
+``seeds`` (None: the experiment's default), ``out`` (None: ``results/<name>``) and
+``no_progress``. Adding an experiment is one line here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+EXPERIMENTS = {
+    "averaging": "experiments.averaging",
+}
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("experiment", choices=sorted(EXPERIMENTS))
+  ap.add_argument("--quick", action="store_true", help="toy-size run (seconds)")
+  ap.add_argument("--seeds", type=int, help="seeds per setting (default: the experiment's)")
+  ap.add_argument("--out", help="output directory (default: results/<experiment>)")
+  ap.add_argument("--no-progress", action="store_true")
+  args = ap.parse_args(argv)
+  if args.seeds is not None and args.seeds < 1:
+    ap.error("--seeds must be >= 1")
+  if args.out is None:
+    args.out = os.path.join("results", args.experiment + ("_quick" if args.quick else ""))
+  module = importlib.import_module(EXPERIMENTS[args.experiment])
+  return module.run(args)
+
+
+if __name__ == "__main__":
+  main()
