@@ -20,6 +20,7 @@ import numpy as np
 from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
+from rlpost import averaging
 from rlpost.train import checkpoint
 from rlpost.train.rl import RLState, Trainer, raise_if_bad
 
@@ -57,11 +58,17 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
   ckpt = checkpoint.Checkpointer(os.path.join(run_dir, "checkpoints"),
                                  keep_last=cfg.keep_checkpoints, best_metric="eval/pass@1")
   state = trainer.init_state()
+  # Weight averages (LAWA, EMA, ...) travel beside the train state and in its checkpoints, so a
+  # resumed run continues its averages exactly.
+  tracker = averaging.Tracker(cfg.averaging, state.params) if cfg.averaging else None
   resumed_from = ckpt.latest_step()
   evals = []
   if resumed_from is not None:
-    state, meta = ckpt.restore(resumed_from, state)
-    state = RLState(*state)
+    like = (state, tracker.state) if tracker else state
+    restored, meta = ckpt.restore(resumed_from, like)
+    if tracker:
+      restored, tracker.state = restored
+    state = RLState(*restored)
     evals = meta.get("evals", [])
     log(f"resumed {run_dir} from step {resumed_from}")
     if resumed_from >= cfg.steps:
@@ -75,6 +82,8 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
   def do_eval(step: int):
     t0 = time.perf_counter()
     res = trainer.evaluate(state.params)
+    if tracker is not None and step > 0:
+      res.update(tracker.evaluate(trainer.evaluate, state.params, keys=("pass@1", "pass@4")))
     res["step"] = step
     res["eval_seconds"] = time.perf_counter() - t0
     evals.append(res)
@@ -83,7 +92,8 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
 
   def save(step: int, last_eval: dict | None):
     metrics = {"eval/pass@1": last_eval["pass@1"]} if last_eval and last_eval["step"] == step else None
-    ckpt.save(step, state, {"config": cfg_dict, "evals": evals}, metrics)
+    ckpt.save(step, (state, tracker.state) if tracker else state,
+              {"config": cfg_dict, "evals": evals}, metrics)
 
   tb = SummaryWriter(os.path.join(run_dir, "tb"))
 
@@ -111,6 +121,8 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
                  else "no checkpoint was saved yet")
         raise FloatingPointError(f"{e}; run stopped, {where}") from None
       state = new_state
+      if tracker is not None:
+        tracker.update(state.params)
       metrics["step_seconds"] = time.perf_counter() - t0
       history.append(metrics)
       _append(metrics_path, {"step": step, **{f"train/{k}": v for k, v in metrics.items()}})

@@ -88,6 +88,8 @@ class RLConfig:
   eval_problems: int = 500
   eval_samples: int = 16
   eval_batch: int = 1024
+  # weight averages evaluated beside the raw policy, e.g. "lawa:k=5,every=50;ema:decay=0.99"
+  averaging: str = ""
   # devices: the rollout batch is split over a (data, fsdp) mesh of all devices
   mesh_fsdp: int = 1
   param_sharding: str = "replicate"  # or "fsdp"
@@ -111,6 +113,13 @@ class RLConfig:
     need(self.num_iterations >= 1, "num_iterations", "must be >= 1")
     need(self.num_minibatches >= 1, "num_minibatches", "must be >= 1")
     need(self.eval_samples >= 1, "eval_samples", "must be >= 1")
+    if self.averaging:
+      from rlpost import averaging
+
+      try:
+        averaging.parse_specs(self.averaging)
+      except ValueError as e:
+        raise ValueError(f"config key 'averaging': {e}") from None
     need(self.dynamic_sampling_factor >= 1, "dynamic_sampling_factor", "must be >= 1")
     need(self.dars_schedule in ("", "et", "hw"), "dars_schedule", "must be '', 'et' or 'hw'")
     need(not (self.dars_schedule and self.dynamic_sampling_factor > 1), "dars_schedule",

@@ -148,6 +148,19 @@ def _tensorboard_tags(tb_dir) -> set:
   return tags
 
 
+def test_averaged_weights_evaluated_and_resumed_exactly(dirs, tmp_path):
+  kw = dict(averaging="lawa:k=2,every=1;ema:decay=0.9")
+  straight = loop.run(tiny(dirs, **kw), str(tmp_path / "a"), progress=False)
+  loop.run(tiny(dirs, steps=2, **kw), str(tmp_path / "b"), progress=False)
+  resumed = loop.run(tiny(dirs, **kw), str(tmp_path / "b"), progress=False)
+  last_a, last_b = straight["evals"][-1], resumed["evals"][-1]
+  avg_keys = sorted(k for k in last_a if k.startswith("avg/"))
+  assert avg_keys and all(k.endswith(("pass@1", "pass@4")) for k in avg_keys)
+  assert {k: last_a[k] for k in avg_keys} == {k: last_b[k] for k in avg_keys}
+  with pytest.raises(ValueError, match="config key 'averaging'"):
+    config_lib.from_dict(rl.RLConfig, {"averaging": "lawa:k=banana"})
+
+
 def test_nonfinite_reward_names_the_rollout(dirs, tmp_path):
   tr = tiny(dirs)
   real = tr._reward
