@@ -13,7 +13,9 @@ Which keys are parameters:
                          subtree (``lambda s: s.params``); restored trees then have that subtree's
                          structure. ``param_key_indices`` exposes the mapping.
   ``keys``               explicit flat keys or indices; restored values are a dict by key.
-  ``keys="auto"``        the leading floating-point leaves before the first integer leaf (the
+  ``keys="auto"``        the first ``param_leaves`` leaves when the meta item declares that
+                         count (rlpost's run loop does), else the leading floating-point
+                         leaves before the first integer leaf (the
                          parameters of a state laid out as (params, optax state, ...) with an Adam
                          step count first in the optimizer state); printed by the CLI, override it
                          when the layout differs.
@@ -195,6 +197,9 @@ class CheckpointSource:
       names = self.stored_keys(self.steps[-1])
       if keys == "all":
         return names
+      declared = self._declared_param_leaves(self.steps[-1])
+      if declared is not None:
+        return names[:declared]
       out = []
       for k in names:
         md = self.leaf_metadata(self.steps[-1], [k])
@@ -272,6 +277,16 @@ class CheckpointSource:
     if self._treedef is not None:
       return jax.tree.unflatten(self._treedef, values)
     return dict(zip(self.keys, values))
+
+  def _declared_param_leaves(self, step: int) -> int | None:
+    """The meta item's "param_leaves" (written by rlpost's run loop), if present."""
+    path = os.path.join(self.directory, str(int(step)), META_ITEM, "metadata")
+    if not os.path.exists(path):
+      return None
+    with open(path) as f:
+      meta = json.load(f)
+    n = meta.get("param_leaves") if isinstance(meta, dict) else None
+    return int(n) if isinstance(n, int) and n > 0 else None
 
   def metrics(self, step: int) -> dict:
     """Scalar metrics recorded for ``step``: orbax's step metrics, then the meta item's

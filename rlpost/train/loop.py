@@ -92,8 +92,11 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
 
   def save(step: int, last_eval: dict | None):
     metrics = {"eval/pass@1": last_eval["pass@1"]} if last_eval and last_eval["step"] == step else None
-    ckpt.save(step, (state, tracker.state) if tracker else state,
-              {"config": cfg_dict, "evals": evals}, metrics)
+    # The parameters are the first leaves of the saved tree; saying how many lets averaging
+    # tools restore parameters alone.
+    meta = {"config": cfg_dict, "evals": evals,
+            "param_leaves": len(jax.tree.leaves(state.params))}
+    ckpt.save(step, (state, tracker.state) if tracker else state, meta, metrics)
 
   tb = SummaryWriter(os.path.join(run_dir, "tb"))
 

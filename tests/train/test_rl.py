@@ -124,6 +124,11 @@ def test_exact_resume_and_finished_run(dirs, tmp_path):
   rows = loop.read_metrics(str(tmp_path / "a" / "metrics.jsonl"))
   assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3, 4]
   assert os.path.exists(tmp_path / "a" / "learning_curve.png")
+  # Averaging tools restore exactly the parameter leaves of a run's checkpoints.
+  from rlpost.averaging.checkpoints import CheckpointSource
+
+  with CheckpointSource(str(tmp_path / "a" / "checkpoints")) as src:
+    assert len(src.keys) == len(jax.tree.leaves(straight["state"].params))
   tags = _tensorboard_tags(tmp_path / "a" / "tb")
   assert {"train/loss", "train/reward", "eval/pass_at_1"} <= tags
   with pytest.raises(ValueError, match=r"different config \(keys \['lr'\]\)"):
