@@ -21,6 +21,7 @@ sys.path.insert(0, ROOT)
 
 EXPERIMENTS = {
     "averaging": "experiments.averaging",
+    "averaging_rl": "experiments.averaging.t5_rl",
 }
 
 

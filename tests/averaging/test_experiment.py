@@ -29,3 +29,18 @@ def test_reproduce_averaging_quick(tmp_path):
   assert np.all(evals[:, -1, 0] < evals[:, 0, 0])
   with open(exp.README) as f:
     assert f.read() == readme  # a quick run never rewrites the README's results
+
+
+def test_t5_rl_quick_runs(tmp_path):
+  """The RL-checkpoint averaging table (T5) runs end to end at toy size and writes its files."""
+  import argparse
+
+  from experiments.averaging import t5_rl
+
+  out = t5_rl.run(argparse.Namespace(quick=True, seeds=1, out=str(tmp_path), no_progress=True))
+  assert set(out["table"]) == {"raw", "lawa", "ema"}
+  assert {c["verdict"] for c in out["claims"]} <= {"reproduced", "not reproduced", "inconclusive"}
+  for name in ("table.md", "results.json", "pass1_curves.png"):
+    assert (tmp_path / name).exists()
+  curves = out["per_seed"][0]["curves"]
+  assert curves["raw"][0] == curves["lawa"][0] == [2, 4, 6]
