@@ -4,7 +4,8 @@ Command:  python scripts/reproduce.py averaging [--quick] [--seeds N] [--out DIR
 Hardware: CPU (2 cores); every run of the sweep is trained side by side in one jitted, vmapped
 program (``sweep.py``). Data: an order-2 Markov language (vocabulary 64, sequences of 64) with a
 known entropy floor (``lm.py``). Tables: T1 ``t1_lr_gain.py``, T2 ``t2_spacing.py``,
-T3 ``t3_methods.py``, T4 ``t4_mwa.py``. T5 (averaging RL checkpoints) is not run here.
+T3 ``t3_methods.py``, T4 ``t4_mwa.py``. T5 (averaging RL checkpoints) is ``t5_rl.py``, run by
+``python scripts/reproduce.py averaging_rl`` into ``results/averaging_rl``.
 
 Outputs in ``--out`` (default ``results/averaging``): ``table.md``, ``results.json`` (every number,
 the config, the seeds, the command, the hardware and the runtime), ``curves.png``,
