@@ -3,7 +3,8 @@
 Shape legend: B batch (rollouts), Tp prompt buffer length, N max new tokens, S = Tp + N cache
 slots, V vocabulary.
 
-Layout. The prompt buffer occupies cache slots [0, Tp); decode step i writes slot Tp + i. Padding
+Layout. The prompt buffer occupies cache slots [0, Tp); token i of the completion is written to
+slot Tp + i when it is fed back (decode step i + 1). Padding
 slots of the prompt (left, right or anywhere) are masked out of attention, and positions are
 counted over valid tokens only, so a padded prompt produces exactly the completion of its
 unpadded version. All shapes are static: one compilation per (B, Tp, N, config).
@@ -16,7 +17,14 @@ distribution (temperature, top-k and top-p applied; 0 for greedy decoding, which
 and under the unmodified policy (temperature 1, no filtering), the latter being what an
 importance-sampling correction compares the trainer's log-probs against.
 
-Buffers. The KV cache is allocated inside the jitted program and carried by the while loop, so
+Decode loop. The decode steps run as a few consecutive ``lax.while_loop`` segments
+(``SamplingConfig.decode_segments``), each over a KV cache just long enough for its last step,
+so attention reads and masks only slots that can be valid. The per-step work is kept lean for
+small-batch CPU decoding: RoPE cos/sin come from a table computed once, argmax and
+log-softmax are plain reductions, and top-p uses a sort-free bisection (see BENCHMARKS.md for
+what each measurably gives).
+
+Buffers. The KV cache is allocated inside the jitted program and carried by the while loops, so
 XLA updates it in place and no host buffer exists to donate; the prompt buffers passed in are
 donated when ``donate_prompts=True``.
 """
@@ -24,6 +32,7 @@ donated when ``donate_prompts=True``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Sequence
 
 import chex
@@ -49,6 +58,11 @@ class SamplingConfig:
     (1.0 disables); the most likely token is always kept.
   stop_tokens: token ids that end a sequence; the stop token is part of the completion.
   pad_id: written after a sequence has finished.
+  decode_segments: the decode loop runs as this many consecutive ``while_loop``s, each over a
+    KV cache only as long as its last step needs (attention cost then grows with the
+    sequence instead of always covering Tp + N slots); every segment compiles its own copy of
+    the decode step. 0 picks ``min(4, ceil((N - 1) / 32))``. Results do not depend on it
+    beyond float rounding.
   """
 
   max_new_tokens: int
@@ -57,6 +71,7 @@ class SamplingConfig:
   top_p: float = 1.0
   stop_tokens: tuple[int, ...] = ()
   pad_id: int = 0
+  decode_segments: int = 0
 
   def __post_init__(self):
     if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -67,11 +82,20 @@ class SamplingConfig:
       raise ValueError(f"SamplingConfig.top_k must be >= 0, got {self.top_k}")
     if not 0.0 < self.top_p <= 1.0:
       raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p}")
+    if not isinstance(self.decode_segments, int) or self.decode_segments < 0:
+      raise ValueError("SamplingConfig.decode_segments must be an int >= 0, got "
+                       f"{self.decode_segments!r}")
     object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
 
   @property
   def greedy(self) -> bool:
     return self.temperature == 0.0
+
+  @property
+  def num_segments(self) -> int:
+    if self.decode_segments:
+      return self.decode_segments
+    return max(1, min(4, -(-(self.max_new_tokens - 1) // 32)))
 
 
 @struct.dataclass
@@ -98,7 +122,12 @@ class SampleOutput:
 
 
 def filter_logits(logits: jax.Array, *, temperature: float, top_k: int, top_p: float) -> jax.Array:
-  """Temperature, top-k and top-p applied to logits [..., V] float32; removed entries are -inf."""
+  """Temperature, top-k and top-p applied to logits [..., V] float32; removed entries are -inf.
+
+  top-p keeps the tokens, in order of decreasing logit, while the probability mass before them
+  is below ``top_p``, and every token tied with the last one kept. The cut-off is found
+  without sorting, by a search over the float bit patterns (``_nucleus_threshold``).
+  """
   if temperature > 0:
     logits = logits / temperature
   neg_inf = jnp.array(-jnp.inf, logits.dtype)
@@ -106,29 +135,95 @@ def filter_logits(logits: jax.Array, *, temperature: float, top_k: int, top_p: f
     kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
     logits = jnp.where(logits < kth, neg_inf, logits)
   if top_p < 1.0:
-    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
-    probs = jax.nn.softmax(sorted_logits, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    # The smallest kept logit: tokens are kept while the mass before them is below top_p.
-    kept = jnp.where(mass_before < top_p, sorted_logits, jnp.inf)
-    threshold = jnp.min(kept, axis=-1, keepdims=True)
-    logits = jnp.where(logits < threshold, neg_inf, logits)
+    keys = _ordered_keys(logits)
+    threshold = _nucleus_threshold(keys, jax.nn.softmax(logits, axis=-1), top_p)
+    logits = jnp.where(keys < threshold, neg_inf, logits)
   return logits
 
 
+def _ordered_keys(x: jax.Array) -> jax.Array:
+  """uint32 keys whose unsigned order is the order of the float32 values x (-0.0 == +0.0)."""
+  bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32) + 0.0, jnp.uint32)  # -0.0 -> +0.0
+  return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(1 << 31))
+
+
+def _nucleus_threshold(keys: jax.Array, probs: jax.Array, top_p: float) -> jax.Array:
+  """Key [..., 1] of the smallest logit that top-p keeps: a bisection instead of a sort.
+
+  With f(c) = the probability mass of the tokens whose key is > c (non-increasing in c), the
+  smallest kept logit is the smallest key c with f(c) < top_p: in sorted order, the first
+  token of c's tie group has exactly f(c) before it, and the first token of the next lower
+  value has f >= top_p before it. Bisection keeps a bracket f(lo) >= top_p > f(hi) and halves
+  it 32 times, resolving every bit of the key: the result is exact. Each step is one fused
+  masked sum over [..., V] (cheaper on CPU than a sort of [..., V]; see BENCHMARKS.md).
+  """
+  hi = jnp.max(keys, axis=-1, keepdims=True)  # f(hi) = 0 < top_p
+  lo = jnp.min(keys, axis=-1, keepdims=True) - 1  # below every key (keys are >= 2**23 - 1)
+
+  def step(_, bracket):
+    lo, hi = bracket
+    mid = lo + (hi - lo) // 2
+    mass = jnp.sum(jnp.where(keys > mid, probs, 0.0), axis=-1, keepdims=True)
+    below = mass < top_p
+    return jnp.where(below, lo, mid), jnp.where(below, mid, hi)
+
+  _, hi = jax.lax.fori_loop(0, 32, step, (lo, hi))
+  return hi
+
+
+def _argmax(x: jax.Array) -> jax.Array:
+  """``jnp.argmax(x, axis=-1)`` as int32 (first maximal index; a NaN counts as the maximum).
+
+  Written as a max, then a min over the indices attaining it: two plain reductions that XLA
+  vectorises, where ``jnp.argmax`` lowers to a variadic (value, index) reduction that XLA:CPU
+  runs element by element (measured 2.5-8x slower over [B, V] logits for B >= 16).
+  """
+  v = x.shape[-1]
+  m = jnp.max(x, axis=-1, keepdims=True)
+  hit = (x == m) | jnp.isnan(x)
+  return jnp.min(jnp.where(hit, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
+
+
+def _log_normaliser(logits: jax.Array):
+  """(row max [B, 1], log sum exp(logits - max) [B, 1]), as in ``jax.nn.log_softmax``."""
+  m = jnp.max(logits, axis=-1, keepdims=True)
+  return m, jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1, keepdims=True))
+
+
+def _logp_of(logits: jax.Array, token: jax.Array) -> jax.Array:
+  """``jax.nn.log_softmax(logits)[token]`` per row without materialising the [B, V] result."""
+  m, lse = _log_normaliser(logits)
+  picked = jnp.take_along_axis(logits, token[:, None], axis=-1)
+  return ((picked - m) - lse)[:, 0]
+
+
 def _pick(logits: jax.Array, key: jax.Array, cfg: SamplingConfig):
-  """Choose one token per row. logits: [B, V] float32 -> (tokens [B], sampling logp [B])."""
+  """Choose one token per row. logits: [B, V] float32 -> (tokens, sampling logp, policy logp).
+
+  The policy log-prob is that of the unmodified logits (temperature 1, no filtering).
+  """
   if cfg.greedy:
-    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    return token, jnp.zeros(token.shape, jnp.float32)
+    token = _argmax(logits)
+    # The argmax attains the row max, so log_softmax(logits)[token] = 0 - lse exactly.
+    _, lse = _log_normaliser(logits)
+    return token, jnp.zeros(token.shape, jnp.float32), -lse[:, 0]
   filtered = filter_logits(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
-  token = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
-  logp = jax.nn.log_softmax(filtered, axis=-1)
-  return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+  # Gumbel-max with the same noise as jax.random.categorical(key, filtered): same tokens.
+  token = _argmax(jax.random.gumbel(key, filtered.shape, filtered.dtype) + filtered)
+  return token, _logp_of(filtered, token), _logp_of(logits, token)
 
 
-def _policy_logp(logits: jax.Array, token: jax.Array) -> jax.Array:
-  return jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), token[:, None], axis=-1)[:, 0]
+def decode_segments(prompt_len: int, max_new_tokens: int, num_segments: int):
+  """Split decode steps 1..N-1 into ``num_segments`` runs [(first, stop, cache_slots)].
+
+  Step i feeds token i-1 into cache slot Tp + i - 1, so a run of steps [first, stop) needs
+  Tp + stop - 1 slots. Each run is its own ``while_loop`` over a cache of exactly that many
+  slots, so early steps do not read (and mask) the not-yet-written tail of the cache.
+  """
+  steps = max_new_tokens - 1
+  k = max(1, min(num_segments, steps))
+  bounds = [1 + (steps * j) // k for j in range(k + 1)]
+  return [(a, b, prompt_len + b - 1) for a, b in itertools.pairwise(bounds) if b > a]
 
 
 def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens: jax.Array,
@@ -143,15 +238,16 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens: jax.Array,
   model = nnx.merge(graphdef, params)
   b, tp = prompt_tokens.shape
   n = cfg.max_new_tokens
-  s = tp + n
+  if tp + n > model.cfg.max_seq_len:
+    raise ValueError(f"prompt length {tp} + max_new_tokens {n} exceeds the model's max_seq_len "
+                     f"{model.cfg.max_seq_len}")
+  segments = decode_segments(tp, n, cfg.num_segments)
   prompt_mask = prompt_mask.astype(bool)
-  cache = tfm.init_cache(model.cfg, b, s)
 
-  # Prefill: attend causally over the valid prompt slots.
-  slot = jnp.arange(s)
-  prompt_slots = jnp.pad(prompt_mask, ((0, 0), (0, n)))  # [B, S]
-  causal = slot[None, :] <= jnp.arange(tp)[:, None]  # [Tp, S]
-  attn = causal[None] & prompt_slots[:, None, :]  # [B, Tp, S]
+  # Prefill: attend causally over the valid prompt slots (a cache of exactly Tp slots).
+  cache = tfm.init_cache(model.cfg, b, tp)
+  causal = jnp.tril(jnp.ones((tp, tp), bool))
+  attn = causal[None] & prompt_mask[:, None, :]  # [B, Tp, Tp]
   positions = tfm.positions_from_mask(prompt_mask)
   h, cache = model.hidden(prompt_tokens, positions, attn, cache, 0)
   # Logits of the last valid prompt token of each row (any padding layout).
@@ -164,8 +260,7 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens: jax.Array,
 
   def emit(i, logits, done, tokens, logps, plogps, stopped):
     """Sample token i from logits [B, V] and record it for rows not yet done."""
-    token, logp = _pick(logits, jax.random.fold_in(key, i), cfg)
-    plogp = _policy_logp(logits, token)
+    token, logp, plogp = _pick(logits, jax.random.fold_in(key, i), cfg)
     live = ~done
     token = jnp.where(live, token, pad)
     tokens = tokens.at[:, i].set(token)
@@ -179,24 +274,40 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens: jax.Array,
   token, done, tokens, logps, plogps, stopped = emit(
       0, logits, done0, jnp.full((b, n), pad, jnp.int32), zeros_f, zeros_f, done0)
 
-  def cond(carry):
-    i, _, done, *_ = carry
-    return (i < n) & ~jnp.all(done)
+  # RoPE cos/sin of every position a decode step can feed, computed once; a step gathers its row.
+  mcfg = model.cfg
+  rope_cos, rope_sin = tfm.rope_tables(jnp.arange(tp + n)[None], mcfg.resolved_head_dim,
+                                       mcfg.rope_theta, mcfg.rope_scaling)  # [1, Tp + N, D/2]
 
-  def body(carry):
-    i, token, done, tokens, logps, plogps, stopped, cache = carry
-    # Feed token i-1 (written at slot Tp + i - 1), then sample token i.
-    write = tp + i - 1
-    attn = (prompt_slots | ((slot >= tp) & (slot <= write))[None, :])[:, None, :]  # [B, 1, S]
-    pos = (next_pos + i - 1)[:, None]
-    h, cache = model.hidden(token[:, None], pos, attn, cache, write)
-    logits = model.logits(h[:, 0])
-    token, done, tokens, logps, plogps, stopped = emit(
-        i, logits, done, tokens, logps, plogps, stopped)
-    return i + 1, token, done, tokens, logps, plogps, stopped, cache
+  def run_segment(carry, stop_step: int, slots: int):
+    """Decode steps [carry's i, stop_step) over a cache of ``slots`` slots."""
+    slot = jnp.arange(slots)
+    prompt_slots = jnp.pad(prompt_mask, ((0, 0), (0, slots - tp)))  # [B, slots]
+
+    def cond(carry):
+      i, _, done, *_ = carry
+      return (i < stop_step) & ~jnp.all(done)
+
+    def body(carry):
+      i, token, done, tokens, logps, plogps, stopped, cache = carry
+      # Feed token i-1 (written at slot Tp + i - 1), then sample token i.
+      write = tp + i - 1
+      attn = (prompt_slots | ((slot >= tp) & (slot <= write))[None, :])[:, None, :]
+      pos = (next_pos + i - 1)[:, None]
+      rope_cs = (jnp.take(rope_cos[0], pos, axis=0), jnp.take(rope_sin[0], pos, axis=0))
+      h, cache = model.hidden(token[:, None], pos, attn, cache, write, rope_cs)
+      logits = model.logits(h[:, 0])
+      token, done, tokens, logps, plogps, stopped = emit(
+          i, logits, done, tokens, logps, plogps, stopped)
+      return i + 1, token, done, tokens, logps, plogps, stopped, cache
+
+    return jax.lax.while_loop(cond, body, carry)
 
   carry = (jnp.int32(1), token, done, tokens, logps, plogps, stopped, cache)
-  steps, _, _, tokens, logps, plogps, stopped, _ = jax.lax.while_loop(cond, body, carry)
+  for _, stop_step, slots in segments:
+    carry = carry[:7] + (tfm.extend_cache(carry[7], slots),)
+    carry = run_segment(carry, stop_step, slots)
+  steps, _, _, tokens, logps, plogps, stopped, _ = carry
 
   mask = jnp.arange(n)[None, :] < _lengths(tokens, stopped, stop, steps, cfg)[:, None]
   lengths = jnp.sum(mask, axis=-1).astype(jnp.int32)

@@ -220,3 +220,92 @@ def test_bad_input_errors(model):
     sampling.SamplingConfig(max_new_tokens=0)
   with pytest.raises(ValueError, match="top_p"):
     sampling.SamplingConfig(max_new_tokens=3, top_p=0.0)
+
+
+# --- fast paths: segmented decode, argmax, sort-free top-p ------------------------------------
+
+
+def test_decode_segments_split():
+  assert sampling.decode_segments(5, 1, 4) == []
+  assert sampling.decode_segments(5, 2, 4) == [(1, 2, 6)]
+  for tp, n, k in [(3, 10, 1), (3, 10, 3), (32, 128, 4), (4, 6, 9)]:
+    segs = sampling.decode_segments(tp, n, k)
+    assert len(segs) == min(k, n - 1)
+    assert segs[0][0] == 1 and segs[-1][1] == n
+    for (a, b, slots), nxt in zip(segs, segs[1:] + [None]):
+      assert a < b and slots == tp + b - 1  # step b-1 writes slot tp + b - 2
+      if nxt is not None:
+        assert nxt[0] == b and nxt[2] > slots
+  assert sampling.SamplingConfig(max_new_tokens=128).num_segments == 4
+  assert sampling.SamplingConfig(max_new_tokens=8).num_segments == 1
+  with pytest.raises(ValueError, match="decode_segments"):
+    sampling.SamplingConfig(max_new_tokens=8, decode_segments=-1)
+
+
+@pytest.mark.parametrize("temperature,stop", [(0.0, False), (1.0, False), (0.0, True)])
+def test_decode_segments_do_not_change_results(model, temperature, stop):
+  params = nnx.state(model)
+  toks, mask = sampling.pad_prompts(PROMPTS, side="right")
+  stop_tokens = ()
+  if stop:  # row 0's sixth greedy token: row 0 stops inside the second of three segments
+    ref = sampling.Sampler(model, sampling.SamplingConfig(max_new_tokens=12, temperature=0.0))(
+        params, toks, mask, jax.random.key(2))
+    stop_tokens = (int(ref.tokens[0, 5]),)
+  outs = []
+  for segments in (1, 3, 7):
+    cfg = sampling.SamplingConfig(max_new_tokens=12, temperature=temperature,
+                                  stop_tokens=stop_tokens, decode_segments=segments)
+    outs.append(sampling.Sampler(model, cfg)(params, toks, mask, jax.random.key(2)))
+  for o in outs[1:]:
+    np.testing.assert_array_equal(o.tokens, outs[0].tokens)
+    np.testing.assert_array_equal(o.lengths, outs[0].lengths)
+    assert int(o.num_steps) == int(outs[0].num_steps)
+    np.testing.assert_allclose(o.policy_logprobs, outs[0].policy_logprobs, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(o.logprobs, outs[0].logprobs, atol=1e-5, rtol=1e-5)
+  full = tfm.completion_logprobs(model, jnp.asarray(toks), jnp.asarray(mask), outs[-1].tokens,
+                                 outs[-1].mask)
+  m = np.asarray(outs[-1].mask)
+  np.testing.assert_allclose(np.asarray(outs[-1].policy_logprobs)[m], np.asarray(full)[m],
+                             atol=2e-5, rtol=1e-5)
+
+
+def test_argmax_matches_jnp():
+  rng = np.random.default_rng(0)
+  x = np.round(rng.normal(size=(6, 40)), 1).astype(np.float32)  # many ties
+  x[1, :] = -np.inf
+  x[2, 5] = np.inf
+  x[3, [4, 9]] = np.nan
+  x[4, :] = 0.0
+  x[4, 7] = -0.0
+  got = jax.jit(sampling._argmax)(jnp.asarray(x))
+  np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(x), axis=-1)))
+  assert got.dtype == jnp.int32
+
+
+def _sort_filter_top_p(logits, top_p):
+  """The sort-based nucleus filter that ``_nucleus_threshold`` replaced, as the reference."""
+  sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+  probs = jax.nn.softmax(sorted_logits, axis=-1)
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  threshold = jnp.min(jnp.where(mass_before < top_p, sorted_logits, jnp.inf), axis=-1,
+                      keepdims=True)
+  return jnp.where(logits < threshold, -jnp.inf, logits)
+
+
+def test_top_p_bisection_equals_sort_reference():
+  rng = np.random.default_rng(1)
+  for trial in range(120):
+    v = int(rng.integers(1, 200))
+    x = (rng.normal(size=(3, v)) * rng.choice([0.01, 1.0, 30.0])).astype(np.float32)
+    if trial % 3 == 0:
+      x = np.round(x, 1)  # ties, including at the cut-off
+    if trial % 4 == 0:
+      x[:, : v // 3] = -np.inf  # as left by top-k
+    if trial % 5 == 0:
+      x[0] = 0.0
+      x[0, ::2] = -0.0
+    top_p = float(rng.choice([0.01, 0.3, 0.9, 0.95, 0.99999]))
+    got = sampling.filter_logits(jnp.asarray(x), temperature=1.0, top_k=0, top_p=top_p)
+    want = _sort_filter_top_p(jnp.asarray(x), top_p)
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want), err_msg=f"trial {trial}")
+    np.testing.assert_array_equal(np.asarray(got)[np.isfinite(got)], x[np.isfinite(want)])

@@ -152,6 +152,15 @@ def init_cache(config: TransformerConfig, batch_size: int, max_len: int,
                for _ in range(config.num_layers))
 
 
+def extend_cache(cache: KVCache, max_len: int) -> KVCache:
+  """The cache with zero slots appended up to ``max_len`` slots per layer (a copy)."""
+  def grow(x, axis):
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, max_len - x.shape[axis])
+    return jnp.pad(x, pad)
+  return tuple(LayerCache(grow(c.k, 3), grow(c.v, 2)) for c in cache)
+
+
 def rope_inv_freq(head_dim: int, theta: float,
                   scaling: Llama3RopeScaling | None = None) -> jax.Array:
   """RoPE inverse frequencies [D/2] float32, optionally with Llama 3.1 scaling."""
@@ -169,17 +178,27 @@ def rope_inv_freq(head_dim: int, theta: float,
   return jnp.where(is_medium, smoothed, scaled)
 
 
+def rope_tables(positions: jax.Array, head_dim: int, theta: float,
+                scaling: Llama3RopeScaling | None = None) -> tuple[jax.Array, jax.Array]:
+  """(cos, sin) of the RoPE angles, each [B, T, D/2] float32, for ``rope(..., tables=)``."""
+  inv_freq = rope_inv_freq(head_dim, theta, scaling)  # [D/2]
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+  return jnp.cos(angles), jnp.sin(angles)
+
+
 def rope(x: jax.Array, positions: jax.Array, theta: float,
-         scaling: Llama3RopeScaling | None = None) -> jax.Array:
+         scaling: Llama3RopeScaling | None = None, *,
+         tables: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
   """Rotary position embedding, "rotate half" layout (as in Hugging Face Llama / Qwen2).
 
   x: [B, T, N, D]; positions: [B, T] int32. Computed in float32, returned in x.dtype.
+  ``tables``: the ``rope_tables(positions, D, theta, scaling)`` of these arguments, when the
+  caller already has them (``Transformer.hidden`` computes them once for all layers).
   """
   d = x.shape[-1]
-  inv_freq = rope_inv_freq(d, theta, scaling)  # [D/2]
-  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
-  cos = jnp.cos(angles)[:, :, None, :]
-  sin = jnp.sin(angles)[:, :, None, :]
+  cos, sin = tables if tables is not None else rope_tables(positions, d, theta, scaling)
+  cos = cos[:, :, None, :]
+  sin = sin[:, :, None, :]
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x.dtype)
@@ -217,13 +236,15 @@ class Attention(nnx.Module):
     self.v_proj = _dense(cfg, e, cfg.num_kv_heads * d, cfg.qkv_bias, rngs)
     self.o_proj = _dense(cfg, cfg.num_heads * d, e, False, rngs)
 
-  def __call__(self, x, positions, attn_mask, cache: LayerCache | None, cache_index):
+  def __call__(self, x, positions, attn_mask, cache: LayerCache | None, cache_index,
+               rope_cs: tuple[jax.Array, jax.Array] | None = None):
     cfg = self.cfg
     b, t, _ = x.shape
     h, k_heads, d = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
-    q = rope(self.q_proj(x).reshape(b, t, h, d), positions, cfg.rope_theta, cfg.rope_scaling)
+    q = rope(self.q_proj(x).reshape(b, t, h, d), positions, cfg.rope_theta, cfg.rope_scaling,
+             tables=rope_cs)
     k = rope(self.k_proj(x).reshape(b, t, k_heads, d), positions, cfg.rope_theta,
-             cfg.rope_scaling)
+             cfg.rope_scaling, tables=rope_cs)
     v = self.v_proj(x).reshape(b, t, k_heads, d)
     k = k.transpose(0, 2, 3, 1)  # [B, K, D, T]
     v = v.transpose(0, 2, 1, 3)  # [B, K, T, D]
@@ -267,8 +288,8 @@ class Block(nnx.Module):
     self.post_attn_norm = RMSNorm(cfg.hidden_size, **kw)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, positions, attn_mask, cache, cache_index):
-    a, cache = self.attn(self.input_norm(x), positions, attn_mask, cache, cache_index)
+  def __call__(self, x, positions, attn_mask, cache, cache_index, rope_cs=None):
+    a, cache = self.attn(self.input_norm(x), positions, attn_mask, cache, cache_index, rope_cs)
     x = x + a
     x = x + self.mlp(self.post_attn_norm(x))
     return x, cache
@@ -288,13 +309,24 @@ class Transformer(nnx.Module):
     if not cfg.tie_embeddings:
       self.lm_head = _dense(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)
 
-  def hidden(self, tokens, positions, attn_mask, cache: KVCache | None = None, cache_index=0):
-    """Final-norm hidden states [B, T, E] and the updated cache."""
+  def hidden(self, tokens, positions, attn_mask, cache: KVCache | None = None, cache_index=0,
+             rope_cs: tuple[jax.Array, jax.Array] | None = None):
+    """Final-norm hidden states [B, T, E] and the updated cache.
+
+    ``rope_cs``: optionally ``rope_tables(positions, head_dim, rope_theta, rope_scaling)``,
+    e.g. gathered from a table that a decode loop computed once before the loop. Otherwise
+    computed here. (XLA fuses cos/sin into each layer's q and k rotation and evaluates them
+    per output element there: a few percent of a CPU decode step, see BENCHMARKS.md.)
+    """
     chex.assert_rank([tokens, positions, attn_mask], [2, 2, 3])
     x = self.embed(tokens)
+    cfg = self.cfg
+    if rope_cs is None:
+      rope_cs = rope_tables(positions, cfg.resolved_head_dim, cfg.rope_theta, cfg.rope_scaling)
     new_cache = []
     for i, layer in enumerate(self.layers):
-      x, c = layer(x, positions, attn_mask, None if cache is None else cache[i], cache_index)
+      x, c = layer(x, positions, attn_mask, None if cache is None else cache[i], cache_index,
+                   rope_cs)
       new_cache.append(c)
     return self.final_norm(x), (None if cache is None else tuple(new_cache))
 

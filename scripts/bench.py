@@ -1,0 +1,558 @@
+"""rlpost benchmarks. One subcommand per benchmark; each prints a table and writes JSON.
+
+  python scripts/bench.py sampler --out results.json    # decode throughput vs transformers
+  python scripts/bench.py sampler --quick --out q.json  # toy size, seconds (used by the tests)
+
+``sampler``: greedy decode tokens/s of the jitted KV-cache sampler (``rlpost.sampling``) for a
+~1M- and a ~10M-parameter Qwen2-style model at several batch sizes (prompt 32, exactly 128 new
+tokens, no stop token), against Hugging Face ``transformers`` ``generate`` on the SAME weights
+(exported with ``rlpost.models.hf.save_pretrained``, loaded with ``AutoModelForCausalLM``) when
+torch and transformers are installed. The two run alternately, ``--repeats`` times each, in one
+process; the table gives medians and the min-max spread. It also reports the achieved FLOP/s
+of generation (prefill + decode, the work one ``generate`` call does) as a fraction of this
+machine's f32 matmul peak, measured in the same run. Per row::
+
+  FLOPs = 2 * P_layers * (Tp + N - 1) + 2 * E * V * N
+        + 4 * L * H * D * (sum_{t=1..Tp} t + sum_{j=1..N-1} (Tp + j))
+
+with Tp the prompt length, N new tokens, P_layers the per-layer matmul weights (q/k/v/o and
+the three MLP kernels; biases, norms and the embedding lookup excluded) over L layers, E x V the
+LM head (tied or not), H query heads and D head dim. The model runs on Tp prompt tokens and
+then N - 1 fed-back tokens; the LM head runs once per new token; a token attends over every key
+up to itself (q.k and p.v, 2 FLOPs per multiply-add each).
+
+The same command runs on a GPU or TPU host (JAX picks the accelerator; the transformers
+baseline stays on the CPU unless ``--torch-device`` says otherwise).
+
+Adding a benchmark: write ``add_<name>_args(parser)`` and ``run_<name>(args) -> dict`` and
+register them in ``COMMANDS``; ``main`` handles ``--out`` and the machine description.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run from a checkout without installing
+  sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from rlpost import sampling  # noqa: E402
+from rlpost.models import transformer as tfm  # noqa: E402
+
+# ------------------------------------------------------------------------------------------
+# Models
+# ------------------------------------------------------------------------------------------
+
+_QWEN2 = dict(qkv_bias=True, tie_embeddings=True, max_seq_len=512)
+MODELS = {
+    # ~0.85M parameters: the README / quickstart policy.
+    "1m": tfm.TransformerConfig(vocab_size=512, hidden_size=128, num_layers=4, num_heads=4,
+                                num_kv_heads=2, intermediate_size=384, **_QWEN2),
+    # ~10.7M parameters: hidden 384, 6 layers.
+    "10m": tfm.TransformerConfig(vocab_size=1024, hidden_size=384, num_layers=6, num_heads=6,
+                                 num_kv_heads=2, intermediate_size=1152, **_QWEN2),
+    # Toy size for --quick (the test suite).
+    "toy": tfm.TransformerConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
+                                 num_kv_heads=2, intermediate_size=64, **_QWEN2),
+}
+
+
+def layer_matmul_params(cfg: tfm.TransformerConfig) -> int:
+  """P_layers: matmul weights of all layers (q/k/v/o + MLP kernels; no biases or norms)."""
+  e, d, f = cfg.hidden_size, cfg.resolved_head_dim, cfg.intermediate_size
+  attn = e * d * (cfg.num_heads + 2 * cfg.num_kv_heads) + cfg.num_heads * d * e
+  return cfg.num_layers * (attn + 3 * e * f)
+
+
+def generation_flops(cfg: tfm.TransformerConfig, batch: int, prompt_len: int,
+                     new_tokens: int) -> float:
+  """FLOPs of prefill + decoding ``new_tokens`` tokens for ``batch`` rows (module docstring)."""
+  tp, n = prompt_len, new_tokens
+  matmul = 2 * layer_matmul_params(cfg) * (tp + n - 1) + 2 * cfg.hidden_size * cfg.vocab_size * n
+  keys = tp * (tp + 1) // 2 + (n - 1) * tp + n * (n - 1) // 2
+  attn = 4 * cfg.num_layers * cfg.num_heads * cfg.resolved_head_dim * keys
+  return float(batch) * (matmul + attn)
+
+
+FLOP_FORMULA = ("FLOPs per row = 2*P_layers*(Tp+N-1) + 2*E*V*N + 4*L*H*D*(sum_{t=1..Tp} t + "
+                "sum_{j=1..N-1} (Tp+j)); P_layers = q/k/v/o + MLP kernels of all layers "
+                "(no biases, norms, embedding lookup); E*V = LM head (tied or not)")
+
+# ------------------------------------------------------------------------------------------
+# Machine
+# ------------------------------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict:
+  info = {
+      "cpu_model": _cpu_model(),
+      "cpu_cores": os.cpu_count(),
+      "platform": platform.platform(),
+      "python": platform.python_version(),
+      "jax": jax.__version__,
+      "jax_backend": jax.default_backend(),
+      "jax_devices": [str(d) for d in jax.devices()],
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+  }
+  try:
+    info["loadavg_start"] = list(os.getloadavg())
+  except OSError:
+    pass
+  for mod in ("flax", "torch", "transformers"):
+    try:
+      info[mod] = __import__(mod).__version__
+    except ImportError:
+      info[mod] = None
+  return info
+
+
+def measure_matmul_peak(n: int = 2048, repeats: int = 8) -> dict:
+  """Best-of-``repeats`` f32 FLOP/s of a jitted [n, n] @ [n, n] matmul on the default device."""
+  rng = np.random.default_rng(0)
+  a = jnp.asarray(rng.standard_normal((n, n), np.float32))
+  b = jnp.asarray(rng.standard_normal((n, n), np.float32))
+  f = jax.jit(lambda x, y: x @ y)
+  f(a, b).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    f(a, b).block_until_ready()
+    times.append(time.perf_counter() - t0)
+  flops = 2.0 * n ** 3
+  return {"n": n, "gflops_best": flops / min(times) / 1e9,
+          "gflops_median": flops / statistics.median(times) / 1e9, "repeats": repeats}
+
+# ------------------------------------------------------------------------------------------
+# sampler
+# ------------------------------------------------------------------------------------------
+
+
+def add_sampler_args(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--quick", action="store_true",
+                 help="toy model, batches 1,4, prompt 8, 8 new tokens, 2 repeats (seconds)")
+  p.add_argument("--models", default="1m,10m", help=f"comma list of {sorted(MODELS)}")
+  p.add_argument("--batches", default="1,16,64,256")
+  p.add_argument("--prompt-len", type=int, default=32)
+  p.add_argument("--new-tokens", type=int, default=128)
+  p.add_argument("--repeats", type=int, default=5, help="timed runs per side and setting")
+  p.add_argument("--max-seconds", type=float, default=60.0,
+                 help="stop repeating a setting after this many seconds (at least 2 repeats)")
+  p.add_argument("--no-transformers", action="store_true", help="skip the transformers baseline")
+  p.add_argument("--torch-threads", default="cores,1",
+                 help="comma list of torch.set_num_threads candidates ('cores' = os.cpu_count()); "
+                      "per model, the fastest on a short calibration run is the baseline")
+  p.add_argument("--torch-device", default="cpu")
+  p.add_argument("--seed", type=int, default=0)
+
+
+class _Transformers:
+  """transformers generate on an exported copy of an rlpost model (greedy, exactly N tokens)."""
+
+  def __init__(self, model: tfm.Transformer, workdir: str, device: str):
+    import torch
+    import transformers
+
+    from rlpost.models import hf
+
+    transformers.utils.logging.disable_progress_bar()
+    self.torch = torch
+    path = hf.save_pretrained(model, Path(workdir) / "hf", architecture="qwen2", overwrite=True)
+    self.model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32).to(device).eval()
+    self.device = device
+    self.attn_implementation = getattr(self.model.config, "_attn_implementation", None)
+
+  def generate(self, tokens: np.ndarray, new_tokens: int) -> np.ndarray:
+    torch = self.torch
+    ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device)
+    with torch.inference_mode():
+      out = self.model.generate(
+          input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+          max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=None,
+          pad_token_id=0, use_cache=True)
+    if self.device != "cpu":
+      torch.cuda.synchronize()
+    out = out[:, tokens.shape[1]:].cpu().numpy()
+    if out.shape[1] != new_tokens:
+      raise RuntimeError(f"transformers generated {out.shape[1]} tokens, expected {new_tokens}")
+    return out
+
+
+def _calibrate_threads(hf_model: _Transformers, candidates: list[int], cfg, prompt_len: int,
+                       batches: list[int], new_tokens: int, seed: int):
+  """The fastest torch thread count for this model: 3 alternating short generate runs each.
+
+  On a machine shared with other jobs, torch with as many threads as cores can run many times
+  slower than with one (OpenMP threads spin-wait on descheduled peers); the baseline should be
+  transformers at its best, so the count is measured rather than assumed.
+  """
+  batch = min(max(batches), 16)
+  n = min(new_tokens, 32)
+  tokens = np.random.default_rng(seed).integers(1, cfg.vocab_size, (batch, prompt_len))
+  times = {t: [] for t in candidates}
+  for _ in range(3):
+    for t in candidates:
+      hf_model.torch.set_num_threads(t)
+      t0 = time.perf_counter()
+      hf_model.generate(tokens.astype(np.int32), n)
+      times[t].append(time.perf_counter() - t0)
+  tps = {t: batch * n / statistics.median(ts) for t, ts in times.items()}
+  return max(tps, key=tps.get), {str(t): round(v, 1) for t, v in tps.items()}
+
+
+def _summary(times: list[float], tokens: int) -> dict:
+  tps = [tokens / t for t in times]
+  med = statistics.median(tps)
+  return {"tokens_per_s": med, "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
+          "spread": (max(tps) - min(tps)) / med, "seconds": times}
+
+
+def run_sampler(args) -> dict:
+  if args.quick:
+    models, batches = ["toy"], [1, 4]
+    prompt_len, new_tokens, repeats = 8, 8, 2
+  else:
+    models = args.models.split(",")
+    batches = [int(b) for b in args.batches.split(",")]
+    prompt_len, new_tokens, repeats = args.prompt_len, args.new_tokens, args.repeats
+  for m in models:
+    if m not in MODELS:
+      raise SystemExit(f"unknown model {m!r}; choose from {sorted(MODELS)}")
+
+  baseline = None
+  if not args.no_transformers:
+    try:
+      import torch  # noqa: F401
+      import transformers  # noqa: F401
+      threads = []
+      for t in args.torch_threads.split(","):
+        t = os.cpu_count() if t == "cores" else int(t)
+        if t not in threads:
+          threads.append(t)
+      baseline = {"torch_threads": threads, "device": args.torch_device}
+    except ImportError as e:
+      baseline = None
+      print(f"transformers baseline skipped: {e}", flush=True)
+
+  peak_before = measure_matmul_peak(512 if args.quick else 2048, 3 if args.quick else 8)
+  print(f"f32 matmul peak: {peak_before['gflops_best']:.1f} GFLOP/s "
+        f"(best of {peak_before['repeats']}, n={peak_before['n']})", flush=True)
+
+  rows = []
+  workdir = tempfile.mkdtemp(prefix="rlpost_bench_")
+  for name in models:
+    cfg = MODELS[name]
+    model = tfm.init_model(cfg, seed=args.seed)
+    params = nnx.state(model)
+    hf_model = _Transformers(model, workdir, args.torch_device) if baseline else None
+    if hf_model:
+      baseline["attn_implementation"] = hf_model.attn_implementation
+      threads, calib = _calibrate_threads(hf_model, baseline["torch_threads"], cfg, prompt_len,
+                                          batches, new_tokens, args.seed)
+      baseline.setdefault("calibration", {})[name] = calib
+      print(f"{name}: transformers with torch.set_num_threads({threads}) "
+            f"(calibration tokens/s by threads: {calib})", flush=True)
+      hf_model.torch.set_num_threads(threads)
+    scfg = sampling.SamplingConfig(max_new_tokens=new_tokens, temperature=0.0)
+    sampler = sampling.Sampler(model, scfg)
+    for batch in batches:
+      rng = np.random.default_rng(args.seed + batch)
+      tokens = rng.integers(1, cfg.vocab_size, size=(batch, prompt_len)).astype(np.int32)
+      mask = np.ones_like(tokens, dtype=bool)
+      key = jax.random.key(args.seed)
+      t0 = time.perf_counter()
+      out = jax.block_until_ready(sampler(params, tokens, mask, key))
+      compile_s = time.perf_counter() - t0
+      ours = np.asarray(out.tokens)
+      if int(np.asarray(out.lengths).min()) != new_tokens:
+        raise RuntimeError("rlpost sampler stopped early")
+      theirs = hf_model.generate(tokens, new_tokens) if hf_model else None  # warm-up
+      t_ours, t_theirs = [], []
+      start = time.perf_counter()
+      for r in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(sampler(params, tokens, mask, key, validate=False))
+        t_ours.append(time.perf_counter() - t0)
+        if hf_model:
+          t0 = time.perf_counter()
+          hf_model.generate(tokens, new_tokens)
+          t_theirs.append(time.perf_counter() - t0)
+        if r >= 1 and time.perf_counter() - start > args.max_seconds:
+          break
+      n_tok = batch * new_tokens
+      row = {"model": name, "params": cfg.num_params(),
+             "layer_matmul_params": layer_matmul_params(cfg),
+             "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens,
+             "repeats": len(t_ours), "compile_s": compile_s,
+             "rlpost": _summary(t_ours, n_tok)}
+      flops = generation_flops(cfg, batch, prompt_len, new_tokens)
+      row["gflop"] = flops / 1e9
+      row["rlpost"]["gflops"] = flops / statistics.median(t_ours) / 1e9
+      if hf_model:
+        row["transformers"] = dict(_summary(t_theirs, n_tok),
+                                   torch_threads=hf_model.torch.get_num_threads())
+        row["transformers"]["gflops"] = flops / statistics.median(t_theirs) / 1e9
+        row["ratio"] = row["rlpost"]["tokens_per_s"] / row["transformers"]["tokens_per_s"]
+        # Same greedy decisions up to float rounding: near-ties may flip and then diverge.
+        row["token_agreement"] = float(np.mean(ours == theirs))
+        row["first_token_agreement"] = float(np.mean(ours[:, 0] == theirs[:, 0]))
+      else:
+        row["transformers"] = None
+        row["ratio"] = None
+      rows.append(row)
+      _print_row(row, peak_before["gflops_best"], header=len(rows) == 1)
+
+  peak_after = measure_matmul_peak(512 if args.quick else 2048, 3 if args.quick else 8)
+  peak = max(peak_before["gflops_best"], peak_after["gflops_best"])
+  for row in rows:
+    row["roofline_fraction"] = row["rlpost"]["gflops"] / peak
+  print(f"f32 matmul peak after: {peak_after['gflops_best']:.1f} GFLOP/s; "
+        f"roofline fractions use the best of both ({peak:.1f})")
+  print()
+  print(format_table(rows, peak))
+  print(f"\nf32 matmul peak (best jitted {peak_before['n']}x{peak_before['n']} matmul, before and "
+        f"after): {peak:.1f} GFLOP/s")
+  return {
+      "benchmark": "sampler",
+      "settings": {"quick": bool(args.quick), "models": models, "batches": batches,
+                   "prompt_len": prompt_len, "new_tokens": new_tokens, "decoding": "greedy",
+                   "stop_tokens": None, "repeats": repeats,
+                   "order": "alternating rlpost, transformers",
+                   "sampler_config": dataclasses.asdict(scfg)},
+      "model_configs": {m: dataclasses.asdict(MODELS[m]) for m in models},
+      "transformers_baseline": baseline,
+      "matmul_peak": {"before": peak_before, "after": peak_after, "gflops": peak},
+      "flop_formula": FLOP_FORMULA,
+      "results": rows,
+  }
+
+
+def _print_row(row: dict, peak: float, header: bool) -> None:
+  if header:
+    print(f"{'model':>5} {'batch':>5} | {'rlpost tok/s':>12} {'spread':>6} | "
+          f"{'transformers':>12} {'spread':>6} {'thr':>3} | {'ratio':>6} | {'GFLOP/s':>7} "
+          f"{'roofline':>8}")
+  ours = row["rlpost"]
+  theirs = row["transformers"]
+  t_str = (f"{theirs['tokens_per_s']:12,.0f} {theirs['spread']:6.0%} {theirs['torch_threads']:3d}"
+           if theirs else f"{'-':>12} {'':>6} {'':>3}")
+  ratio = f"{row['ratio']:6.2f}" if row["ratio"] is not None else f"{'-':>6}"
+  print(f"{row['model']:>5} {row['batch']:>5} | {ours['tokens_per_s']:12,.0f} "
+        f"{ours['spread']:6.0%} | {t_str} | {ratio} | {ours['gflops']:7.1f} "
+        f"{ours['gflops'] / peak:8.1%}", flush=True)
+
+
+def format_table(rows: list[dict], peak: float) -> str:
+  """Markdown table of sampler results (medians; spread = (max - min) / median)."""
+  lines = [
+      ("| model | params | batch | rlpost tok/s (spread) | transformers tok/s (spread, torch "
+       "threads) | ratio | rlpost GFLOP/s | roofline |"),
+      "|---|---:|---:|---:|---:|---:|---:|---:|",
+  ]
+  for r in rows:
+    ours, theirs = r["rlpost"], r["transformers"]
+    t = (f"{theirs['tokens_per_s']:,.0f} ({theirs['spread']:.0%}, {theirs['torch_threads']})"
+         if theirs else "-")
+    ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
+    lines.append(
+        f"| {r['model']} | {r['params'] / 1e6:.2f}M | {r['batch']} | "
+        f"{ours['tokens_per_s']:,.0f} ({ours['spread']:.0%}) | {t} | {ratio} | "
+        f"{ours['gflops']:.1f} | {ours['gflops'] / peak:.1%} |")
+  return "\n".join(lines)
+
+# ------------------------------------------------------------------------------------------
+# ablate: what each sampler optimisation buys, measured by switching it off
+# ------------------------------------------------------------------------------------------
+
+
+def add_ablate_args(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--quick", action="store_true", help="toy model, batch 4, 8 new tokens")
+  p.add_argument("--settings", default="1m:1,1m:16,1m:64,1m:256,10m:64",
+                 help="comma list of model:batch for the greedy variants")
+  p.add_argument("--top-p-settings", default="1m:64,1m:256",
+                 help="model:batch list for sort vs bisection top-p (empty to skip)")
+  p.add_argument("--prompt-len", type=int, default=32)
+  p.add_argument("--new-tokens", type=int, default=128)
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--seed", type=int, default=0)
+
+
+def _sort_filter_logits(logits, *, temperature, top_k, top_p):
+  """``sampling.filter_logits`` as it was before the sort-free top-p (the reference)."""
+  if temperature > 0:
+    logits = logits / temperature
+  if top_k > 0 and top_k < logits.shape[-1]:
+    kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+  if top_p < 1.0:
+    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    threshold = jnp.min(jnp.where(mass_before < top_p, sorted_logits, jnp.inf), axis=-1,
+                        keepdims=True)
+    logits = jnp.where(logits < threshold, -jnp.inf, logits)
+  return logits
+
+
+def _hidden_inline_rope(orig):
+  def hidden(self, tokens, positions, attn_mask, cache=None, cache_index=0, rope_cs=None):
+    return orig(self, tokens, positions, attn_mask, cache, cache_index, None)
+  return hidden
+
+
+# Each optimisation as the attribute patches that undo it (applied while the sampler traces).
+_UNDO = {
+    "decode segments": [],  # SamplingConfig(decode_segments=1)
+    "argmax as max+min": [(sampling, "_argmax",
+                           lambda x: jnp.argmax(x, axis=-1).astype(jnp.int32))],
+    "RoPE table per call": [(tfm.Transformer, "hidden",
+                             _hidden_inline_rope(tfm.Transformer.hidden))],
+}
+
+
+class _Patched:
+  def __init__(self, patches):
+    self.patches = patches
+
+  def __enter__(self):
+    self.saved = [(obj, name, getattr(obj, name)) for obj, name, _ in self.patches]
+    for obj, name, value in self.patches:
+      setattr(obj, name, value)
+
+  def __exit__(self, *exc):
+    for obj, name, value in self.saved:
+      setattr(obj, name, value)
+
+
+def run_ablate(args) -> dict:
+  def parse(text):
+    return [(m, int(b)) for m, b in (item.split(":") for item in text.split(",") if item)]
+
+  if args.quick:
+    settings, top_p_settings = [("toy", 4)], [("toy", 4)]
+    prompt_len, new_tokens, repeats = 8, 8, 2
+  else:
+    settings, top_p_settings = parse(args.settings), parse(args.top_p_settings)
+    prompt_len, new_tokens, repeats = args.prompt_len, args.new_tokens, args.repeats
+  greedy = dict(max_new_tokens=new_tokens, temperature=0.0)
+  variants = [("all on", greedy, [])]
+  variants += [(f"without {k}", dict(greedy, decode_segments=1) if k == "decode segments"
+                else greedy, patches) for k, patches in _UNDO.items()]
+  variants.append(("all off", dict(greedy, decode_segments=1),
+                   [p for ps in _UNDO.values() for p in ps]))
+  sampled = dict(max_new_tokens=new_tokens, temperature=1.0)
+  top_p = [("top-p 0.95, sort", dict(sampled, top_p=0.95),
+            [(sampling, "filter_logits", _sort_filter_logits)]),
+           ("top-p 0.95, bisection", dict(sampled, top_p=0.95), []),
+           ("temperature 1, no top-p", sampled, [])]
+  jobs = [(m, b, variants) for m, b in settings] + [(m, b, top_p) for m, b in top_p_settings]
+  rows = []
+  models = {}
+  print("CPU seconds (all threads) per decode step, median of interleaved runs; "
+        "x = relative to the first line of each group")
+  for name, batch, vs in jobs:
+    if name not in models:
+      model = tfm.init_model(MODELS[name], seed=args.seed)
+      models[name] = (model, nnx.state(model))
+    model, params = models[name]
+    tokens = np.random.default_rng(args.seed + batch).integers(
+        1, MODELS[name].vocab_size, (batch, prompt_len)).astype(np.int32)
+    mask = np.ones_like(tokens, dtype=bool)
+    runs = []
+    for label, scfg, patches in vs:
+      sampler = sampling.Sampler(model, sampling.SamplingConfig(**scfg))
+      with _Patched(patches):  # tracing happens on the first call
+        out = jax.block_until_ready(sampler(params, tokens, mask, jax.random.key(0)))
+      runs.append((label, sampler, np.asarray(out.tokens), [], []))
+    for r in range(repeats):
+      for label, sampler, _, cpu, wall in runs:
+        t0, c0 = time.perf_counter(), time.process_time()
+        jax.block_until_ready(sampler(params, tokens, mask, jax.random.key(r), validate=False))
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    base = statistics.median(runs[0][3])
+    for label, _, toks, cpu, wall in runs:
+      row = {"model": name, "batch": batch, "variant": label,
+             "cpu_ms_per_step": statistics.median(cpu) / new_tokens * 1e3,
+             "tokens_per_s": batch * new_tokens / statistics.median(wall),
+             "cpu_vs_first": statistics.median(cpu) / base,
+             "same_tokens_as_first": bool(np.array_equal(toks, runs[0][2])),
+             "cpu_seconds": cpu, "wall_seconds": wall}
+      rows.append(row)
+      print(f"{name:>5} {batch:>4} {label:<34} {row['cpu_ms_per_step']:8.3f} ms/step "
+            f"x{row['cpu_vs_first']:5.2f}  {row['tokens_per_s']:10,.0f} tok/s (wall)"
+            f"{'' if row['same_tokens_as_first'] else '  [different tokens]'}", flush=True)
+  return {"benchmark": "ablate",
+          "settings": {"quick": bool(args.quick), "greedy": settings, "top_p": top_p_settings,
+                       "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": repeats,
+                       "timer": "time.process_time (CPU seconds of all threads), median"},
+          "results": rows}
+
+
+# ------------------------------------------------------------------------------------------
+# CLI
+# ------------------------------------------------------------------------------------------
+
+COMMANDS = {
+    "sampler": (add_sampler_args, run_sampler,
+                "decode tokens/s vs transformers generate, and fraction of matmul peak"),
+    "ablate": (add_ablate_args, run_ablate,
+               "CPU time per decode step with each sampler optimisation switched off"),
+}
+
+
+def main(argv=None) -> dict:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = ap.add_subparsers(dest="command", required=True)
+  for name, (add_args, _, help_) in COMMANDS.items():
+    p = sub.add_parser(name, help=help_)
+    add_args(p)
+    p.add_argument("--out", default=None, help="write the results as JSON to this file")
+  args = ap.parse_args(argv)
+  machine = machine_info()
+  print(f"machine: {machine['cpu_model']}, {machine['cpu_cores']} cores; jax {machine['jax']} "
+        f"({machine['jax_backend']}), torch {machine['torch']}, "
+        f"transformers {machine['transformers']}", flush=True)
+  t0 = time.perf_counter()
+  result = COMMANDS[args.command][1](args)
+  try:
+    machine["loadavg_end"] = list(os.getloadavg())
+  except OSError:
+    pass
+  result = {"command": " ".join(["python", "scripts/bench.py", *(argv or sys.argv[1:])]),
+            "machine": machine, "wall_seconds": time.perf_counter() - t0, **result}
+  if args.out:
+    Path(args.out).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"wrote {args.out}")
+  return result
+
+
+if __name__ == "__main__":
+  main()
