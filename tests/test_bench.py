@@ -72,3 +72,16 @@ def test_flop_formula_by_hand():
   # attended: 1 + 2 + 3 (prefill) + 4 (decode step).
   expect = 2 * 2 * per_layer * 4 + 2 * 32 * 64 * 2 + 4 * 2 * 4 * 8 * (1 + 2 + 3 + 4)
   assert bench.generation_flops(cfg, 5, tp, n) == 5 * expect
+
+
+def test_train_time_split_quick(tmp_path):
+  out = tmp_path / "train.json"
+  proc = subprocess.run([sys.executable, "scripts/bench.py", "train", "--quick", "--cache-dir",
+                         str(tmp_path / "cache"), "--out", str(out)],
+                        cwd=ROOT, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  data = json.loads(out.read_text())
+  assert data["benchmark"] == "train"
+  for k in ("sample_s", "score_s", "update_s", "fused_step_s"):
+    assert data["results"][k] > 0
+  assert "| update |" in proc.stdout
