@@ -11,6 +11,7 @@ Every record: ``prompt`` (text), ``answer`` (text), ``demo`` (a worked solution,
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import os
 
@@ -54,8 +55,9 @@ class _SyntheticBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True)
   def code_path(cls) -> epath.Path:
     return epath.Path(os.path.abspath(__file__))
 
+  @abc.abstractmethod
   def _make(self, n: int, seed: int) -> list[dict]:
-    raise NotImplementedError  # each task's builder generates its own problems
+    """n problems generated deterministically from ``seed`` (each task's builder)."""
 
   def _info(self):
     return self.dataset_info_from_configs(features=_features())
