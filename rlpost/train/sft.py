@@ -32,6 +32,9 @@ class SFTConfig:
   warmup: int = 20
   weight_decay: float = 0.0
   seed: int = 0
+  # weight averages evaluated beside the raw weights on held-out demonstrations,
+  # e.g. "lawa:k=5,every=20;ema:decay=0.99" (see rlpost.averaging.parse_specs)
+  averaging: str = ""
 
 
 def make_examples(rows: Sequence[dict], tok: CharTokenizer, length: int | None = None):
@@ -72,8 +75,13 @@ def sft_loss(model: tfm.Transformer, tokens: jax.Array, loss_mask: jax.Array) ->
 
 
 def train_sft(model: tfm.Transformer, rows: Sequence[dict], tok: CharTokenizer, cfg: SFTConfig,
-              *, log_every: int = 50, log=print) -> tuple[nnx.State, list[float]]:
-  """Train ``model`` in place on demonstrations; returns (params, loss history)."""
+              *, log_every: int = 50, log=print, eval_rows: Sequence[dict] | None = None
+              ) -> tuple[nnx.State, list]:
+  """Train ``model`` in place on demonstrations; returns (params, history).
+
+  history holds the training loss at each log step, or, with ``eval_rows``, dicts with the
+  held-out loss of the raw weights and of each average named in ``cfg.averaging``.
+  """
   tokens, mask = make_examples(rows, tok)
   tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
   n = tokens.shape[0]
@@ -98,15 +106,33 @@ def train_sft(model: tfm.Transformer, rows: Sequence[dict], tok: CharTokenizer, 
     updates, opt_state = opt.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
+  tracker = None
+  if cfg.averaging:
+    from rlpost import averaging
+
+    tracker = averaging.Tracker(cfg.averaging, params)
+  if eval_rows is not None:
+    ev_tokens, ev_mask = (jnp.asarray(x) for x in make_examples(eval_rows, tok))
+    eval_loss = jax.jit(lambda p: sft_loss(nnx.merge(graphdef, p), ev_tokens, ev_mask))
   history = []
   for i in range(cfg.steps):
     params, opt_state, loss = step(params, opt_state, jnp.int32(i))
+    if tracker is not None:
+      tracker.update(params)
     if (i + 1) % log_every == 0 or i == cfg.steps - 1:
       loss = float(loss)
       if not np.isfinite(loss):
         raise FloatingPointError(f"SFT loss became {loss} at step {i + 1}")
-      history.append(loss)
-      log(f"sft step {i + 1}/{cfg.steps}: loss {loss:.4f}")
+      if eval_rows is None:
+        history.append(loss)
+        log(f"sft step {i + 1}/{cfg.steps}: loss {loss:.4f}")
+        continue
+      rec = {"step": i + 1, "train_loss": loss, "eval_loss": float(eval_loss(params))}
+      if tracker is not None:
+        rec.update(tracker.evaluate(lambda p: {"eval_loss": float(eval_loss(p))}, params))
+      history.append(rec)
+      log(f"sft step {i + 1}/{cfg.steps}: " + ", ".join(
+          f"{k} {v:.4f}" for k, v in rec.items() if k != "step"))
   nnx.update(model, params)
   return params, history
 

@@ -255,3 +255,21 @@ except ValueError as e:
   print(e)
 """)
   assert "config key 'num_prompts'" in msg and "divisible by the 8 devices" in msg
+
+
+def test_sft_evaluates_averages_beside_raw_weights(dirs):
+  from rlpost.models import transformer as tfm
+  from rlpost.tasks import arithmetic
+  from rlpost.tasks.tokenizer import CharTokenizer
+  from rlpost.train import sft
+
+  rows = arithmetic.generate(arithmetic.ArithmeticSpec(1, 2), 64, seed=0)
+  tok = CharTokenizer()
+  model = tfm.init_model(tfm.TransformerConfig(vocab_size=tok.vocab_size, **TINY_MODEL))
+  cfg = sft.SFTConfig(steps=6, batch_size=16, averaging="lawa:k=2,every=1;ema:decay=0.5")
+  _, hist = sft.train_sft(model, rows[:48], tok, cfg, log_every=3, log=lambda s: None,
+                          eval_rows=rows[48:])
+  assert [h["step"] for h in hist] == [3, 6]
+  avg = [k for k in hist[-1] if k.startswith("avg/")]
+  assert len(avg) == 2 and all(np.isfinite(hist[-1][k]) for k in avg)
+  assert hist[-1]["eval_loss"] != hist[-1][avg[0]]  # an average differs from the raw weights
