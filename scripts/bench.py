@@ -2,6 +2,7 @@
 
   python scripts/bench.py sampler --out results.json    # decode throughput vs transformers
   python scripts/bench.py sampler --quick --out q.json  # toy size, seconds (used by the tests)
+  python scripts/bench.py ablate --out ablate.json      # each sampler optimisation switched off
 
 ``sampler``: greedy decode tokens/s of the jitted KV-cache sampler (``rlpost.sampling``) for a
 ~1M- and a ~10M-parameter Qwen2-style model at several batch sizes (prompt 32, exactly 128 new

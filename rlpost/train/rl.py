@@ -389,7 +389,6 @@ class Trainer:
 
   def _step(self, state: RLState):
     self.num_traces += 1  # trace-time side effect: counts compilations
-    cfg = self.cfg
     step_root, data_root = jax.random.split(_unpack_key(state.key))
     key = jax.random.fold_in(step_root, state.step)
     k_sample, k_adv, k_mb = jax.random.split(key, 3)
