@@ -59,20 +59,33 @@ def batch_size_multiple(mesh: Mesh) -> int:
   return mesh.shape[DATA] * mesh.shape[FSDP]
 
 
+def put(x: Any, sharding: NamedSharding) -> jax.Array:
+  """Place ``x`` (the same global value on every process) with ``sharding``.
+
+  On one process this is ``jax.device_put``. When the sharding spans devices of other processes,
+  each process builds its own shards from its host copy (``jax.make_array_from_callback``), so no
+  cross-host transfer is needed.
+  """
+  if sharding.is_fully_addressable:
+    return jax.device_put(x, sharding)
+  host = np.asarray(jax.device_get(x) if isinstance(x, jax.Array) else x)
+  return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
 def shard_batch(tree: Any, mesh: Mesh) -> Any:
   """Place every array of ``tree`` with its leading dimension split over the mesh."""
   k = batch_size_multiple(mesh)
 
-  def put(x):
+  def place(x):
     x = np.asarray(x) if not isinstance(x, jax.Array) else x
     if x.ndim == 0:
-      return jax.device_put(x, NamedSharding(mesh, P()))
+      return put(x, NamedSharding(mesh, P()))
     if x.shape[0] % k:
       raise ValueError(f"batch dimension {x.shape[0]} is not divisible by the mesh's "
                        f"{k} batch shards (data x fsdp)")
-    return jax.device_put(x, NamedSharding(mesh, batch_spec(x.ndim)))
+    return put(x, NamedSharding(mesh, batch_spec(x.ndim)))
 
-  return jax.tree.map(put, tree)
+  return jax.tree.map(place, tree)
 
 
 def param_spec(shape: tuple[int, ...], fsdp_size: int, *, min_size: int = 2 ** 14) -> P:
@@ -100,16 +113,19 @@ def param_shardings(params: Any, mesh: Mesh, *, mode: str = "replicate",
 
 def shard_params(params: Any, mesh: Mesh, *, mode: str = "replicate", min_size: int = 2 ** 14) -> Any:
   """Place a parameter pytree on the mesh following ``param_shardings``."""
-  return jax.device_put(params, param_shardings(params, mesh, mode=mode, min_size=min_size))
+  return jax.tree.map(put, params, param_shardings(params, mesh, mode=mode, min_size=min_size))
 
 
 def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
-                           process_id: int | None = None) -> None:
+                           process_id: int | None = None, *, cpu_collectives: str = "gloo") -> None:
   """Start JAX's distributed runtime for multi-host runs (no-op for a single process).
 
   Arguments default to the environment variables ``RLPOST_COORDINATOR`` (host:port),
   ``RLPOST_NUM_PROCESSES`` and ``RLPOST_PROCESS_ID``; on managed clusters (SLURM, TPU pods,
   Open MPI) ``jax.distributed.initialize()`` detects them itself when all are None.
+  ``cpu_collectives`` selects the collectives of the CPU backend (``gloo`` lets several CPU
+  processes, e.g. on one machine for testing, run sharded programs together); GPU and TPU
+  backends use their own (NCCL, ICI/DCN) whatever it says. Call before any other JAX use.
   """
   coordinator_address = coordinator_address or os.environ.get("RLPOST_COORDINATOR")
   if num_processes is None and "RLPOST_NUM_PROCESSES" in os.environ:
@@ -118,5 +134,7 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
     process_id = int(os.environ["RLPOST_PROCESS_ID"])
   if num_processes == 1:
     return
+  if cpu_collectives:
+    jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
   jax.distributed.initialize(coordinator_address=coordinator_address,
                              num_processes=num_processes, process_id=process_id)

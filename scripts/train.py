@@ -6,6 +6,10 @@
 CONFIG is a Python file defining a dict ``CONFIG`` (the project's experiment files) or a JSON
 file; ``key=value`` overrides follow, typed by the config's fields (dicts and tuples as JSON).
 Unknown keys fail at start with the list of known ones. Re-running with the same run_dir resumes.
+
+Multi-host: start the same command on every host with ``--distributed`` (cluster managers such as
+SLURM and TPU pods are detected by JAX) or with ``RLPOST_COORDINATOR=host:port``,
+``RLPOST_NUM_PROCESSES`` and ``RLPOST_PROCESS_ID`` set; run_dir must be on shared storage.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from rlpost import sharding  # noqa: E402
 from rlpost.train import config as config_lib  # noqa: E402
 from rlpost.train import loop, rl  # noqa: E402
 
@@ -47,7 +52,11 @@ def main(argv=None) -> dict:
   ap.add_argument("config")
   ap.add_argument("overrides", nargs="*", help="key=value")
   ap.add_argument("--no-progress", action="store_true")
+  ap.add_argument("--distributed", action="store_true",
+                  help="start jax.distributed first (multi-host runs)")
   args = ap.parse_args(argv)
+  if args.distributed or os.environ.get("RLPOST_COORDINATOR"):
+    sharding.initialize_distributed()
   values = load_config_file(args.config)
   values.update(config_lib.parse_overrides(args.overrides))
   cfg = config_lib.from_dict(rl.RLConfig, values)

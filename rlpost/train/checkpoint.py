@@ -1,21 +1,65 @@
-"""Orbax checkpoints of training runs: asynchronous, atomic, keep the last N plus the best.
+"""Orbax checkpoints of training runs: asynchronous, atomic, verified, keep the last N plus best.
 
 A checkpoint holds the whole train state pytree (parameters, optimizer state, PRNG key data,
 step, data cursor) and a JSON item with the run config and the step's metrics. Orbax writes to a
 temporary directory and renames it on completion, so a crash never leaves a checkpoint that
 ``latest_step`` would return half-written.
+
+Integrity: every save also records a manifest in the JSON item (each leaf's shape, dtype and
+CRC-32 of its bytes). ``restore`` checks the tree structure, shapes and dtypes against the run's
+template before reading, then the checksums and finiteness of what it read, and raises
+``CheckpointError`` naming the step and the leaf. ``restore_latest`` walks back to the previous
+good checkpoint only when asked (``fallback=True``), moving each bad one aside (never deleting it).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+import shutil
+import zlib
+from typing import Any, Callable
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
 _pp = ocp.checkpoint_managers.preservation_policy
+INTEGRITY_KEY = "integrity"
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint that cannot be used: corrupt, truncated, or not matching the run.
+
+  Attributes: ``step`` and ``directory`` of the offending checkpoint.
+  """
+
+  def __init__(self, step: int, directory: str, detail: str):
+    super().__init__(f"checkpoint at step {step} in {directory}: {detail}")
+    self.step = step
+    self.directory = directory
+
+
+def _host_copy(x) -> np.ndarray | None:
+  """The full value of a leaf on this host, or None when it is split over other processes."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    if not x.sharding.is_fully_replicated:
+      return None
+    x = x.addressable_data(0)
+  return np.asarray(jax.device_get(x))
+
+
+def _crc(x: np.ndarray) -> int:
+  return zlib.crc32(np.ascontiguousarray(x).view(np.uint8).reshape(-1).data)
+
+
+def manifest(leaves: list) -> list[dict]:
+  """Per leaf: shape, dtype and CRC-32 of the bytes (None for leaves split over processes)."""
+  out = []
+  for x in leaves:
+    host = _host_copy(x)
+    out.append({"shape": list(np.shape(x)), "dtype": str(np.dtype(x.dtype)),
+                "crc32": None if host is None else _crc(host)})
+  return out
 
 
 class Checkpointer:
@@ -56,21 +100,101 @@ class Checkpointer:
     metrics = {k: float(v) for k, v in (metrics or {}).items()}
     if self.best_metric is not None and self.best_metric not in metrics:
       metrics = None  # a step without the metric is kept by recency only
-    leaves = {f"{i:05d}": x for i, x in enumerate(jax.tree.leaves(state))}
+    flat = jax.tree.leaves(state)
+    meta = dict(meta, **{INTEGRITY_KEY: manifest(flat)})
+    leaves = {f"{i:05d}": x for i, x in enumerate(flat)}
     self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(leaves), meta=ocp.args.JsonSave(meta)), metrics=metrics)
 
-  def restore(self, step: int | None, like: Any) -> tuple[Any, dict]:
-    """Restore ``(state, meta)`` at ``step`` (latest if None) with the structure of ``like``."""
+  def restore(self, step: int | None, like: Any, *, verify: bool = True) -> tuple[Any, dict]:
+    """Restore ``(state, meta)`` at ``step`` (latest if None) with the structure of ``like``.
+
+    With ``verify`` (the default) the checkpoint's manifest is checked against ``like`` before
+    reading and against the values read; any problem raises ``CheckpointError`` naming the step.
+    """
     step = self.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    if step not in self.all_steps():
+      raise CheckpointError(step, self.directory, f"no such step (have {self.all_steps()})")
     leaves, treedef = jax.tree.flatten(like)
+    try:
+      meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    except Exception as e:  # noqa: BLE001 - any read failure means an unusable checkpoint
+      raise CheckpointError(step, self.directory, f"unreadable metadata ({e!r})") from e
+    if not isinstance(meta, dict):
+      raise CheckpointError(step, self.directory, "metadata is not a JSON object")
+    expected = meta.get(INTEGRITY_KEY)
+    if verify and expected is not None:
+      self._check_template(step, expected, leaves)
     abstract = {f"{i:05d}": ocp.utils.to_shape_dtype_struct(x) for i, x in enumerate(leaves)}
-    out = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-    restored = [out["state"][f"{i:05d}"] for i in range(len(leaves))]
-    return jax.tree.unflatten(treedef, restored), out["meta"]
+    try:
+      out = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract)))
+      restored = [out["state"][f"{i:05d}"] for i in range(len(leaves))]
+    except Exception as e:  # noqa: BLE001
+      raise CheckpointError(step, self.directory, f"cannot read the state ({e!r})") from e
+    if verify:
+      self._check_values(step, expected, restored)
+    return jax.tree.unflatten(treedef, restored), meta
+
+  def _check_template(self, step: int, expected: list, leaves: list) -> None:
+    if len(expected) != len(leaves):
+      raise CheckpointError(step, self.directory, f"holds {len(expected)} arrays but this run's "
+                            f"state has {len(leaves)} (a different model, optimizer or config?)")
+    for i, (e, x) in enumerate(zip(expected, leaves)):
+      shape, dtype = list(np.shape(x)), str(np.dtype(x.dtype))
+      if e["shape"] != shape or e["dtype"] != dtype:
+        raise CheckpointError(step, self.directory, f"array {i:05d} is {e['dtype']}{e['shape']} "
+                              f"but this run expects {dtype}{shape}")
+
+  def _check_values(self, step: int, expected: list | None, restored: list) -> None:
+    for i, x in enumerate(restored):
+      host = _host_copy(x)
+      if host is None:
+        continue
+      if expected is not None and expected[i]["crc32"] is not None and _crc(host) != expected[i]["crc32"]:
+        raise CheckpointError(step, self.directory, f"array {i:05d} fails its checksum "
+                              f"(corrupted on disk)")
+      if np.issubdtype(host.dtype, np.inexact) and not np.all(np.isfinite(host)):
+        raise CheckpointError(step, self.directory, f"array {i:05d} holds non-finite values")
+
+  def restore_latest(self, like: Any, *, fallback: bool = False,
+                     log: Callable[[str], None] = print) -> tuple[int | None, Any, dict]:
+    """``(step, state, meta)`` of the latest usable checkpoint; ``(None, None, {})`` if none.
+
+    A bad latest checkpoint raises ``CheckpointError`` unless ``fallback``: then it is moved to
+    ``<directory>.corrupt/<step>`` (kept for inspection) and the previous one is tried.
+    """
+    for step in sorted(self.all_steps(), reverse=True):
+      try:
+        state, meta = self.restore(step, like)
+        return step, state, meta
+      except CheckpointError as e:
+        if not fallback:
+          raise CheckpointError(step, self.directory, f"{str(e).split(': ', 1)[1]}; pass "
+                                f"fallback=True (resume_fallback=true) to resume from the previous "
+                                f"good checkpoint instead") from e
+        self.quarantine(step)
+        log(f"WARNING: {e}; moved it aside and trying the previous checkpoint")
+    return None, None, {}
+
+  def quarantine(self, step: int) -> str:
+    """Move checkpoint ``step`` to ``<directory>.corrupt/<step>``; returns the new path."""
+    self.manager.wait_until_finished()
+    dest_root = self.directory.rstrip("/") + ".corrupt"
+    dest = os.path.join(dest_root, str(step))
+    if jax.process_index() == 0:  # one writer on shared storage
+      os.makedirs(dest_root, exist_ok=True)
+      if os.path.exists(dest):
+        shutil.rmtree(dest)
+      shutil.move(os.path.join(self.directory, str(step)), dest)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+
+      multihost_utils.sync_global_devices(f"rlpost-quarantine-{step}")
+    self.manager.reload()
+    return dest
 
   def wait(self) -> None:
     self.manager.wait_until_finished()

@@ -2,10 +2,19 @@
 
 A run directory holds ``config.json``, ``metrics.jsonl`` (one JSON object per step or
 evaluation), ``tb/`` (TensorBoard event files: ``tensorboard --logdir runs``), ``checkpoints/``
-(orbax) and ``learning_curve.png``. Resuming restores the latest
-complete checkpoint and continues bit for bit (the state carries the PRNG key, step and data
-cursor); resuming a finished run does nothing and says so. A non-finite loss or rollout stops the
-run, keeping the last good checkpoint, and the error says which step that is.
+(orbax) and ``learning_curve.png``.
+
+Crash safety: resuming restores the latest complete checkpoint, verified against its manifest
+(structure, shapes, dtypes, checksums, finite values), and continues bit for bit (the state
+carries the PRNG key, step and data cursor). Metric rows written after that checkpoint by the
+interrupted process are dropped from ``metrics.jsonl`` (and purged from TensorBoard), so the log
+of a run killed and resumed any number of times equals that of an uninterrupted run. A corrupt
+latest checkpoint is an error naming its step unless ``resume_fallback`` is set. Resuming a
+finished run does nothing and says so.
+
+Failures: a non-finite loss or rollout stops the run, keeping the last good checkpoint, and the
+error says which step that is. The silent-failure guards (``rlpost.train.guards``) warn, or with
+``guard_action="stop"`` save and stop, naming the metric and the step.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import dataclasses
 import json
 import os
 import time
+import warnings
 
 import jax
 import numpy as np
@@ -21,7 +31,7 @@ from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
 from rlpost import averaging
-from rlpost.train import checkpoint
+from rlpost.train import checkpoint, guards
 from rlpost.train.rl import RLState, Trainer, raise_if_bad
 
 
@@ -29,9 +39,50 @@ def _to_float(tree: dict) -> dict:
   return {k: float(v) for k, v in jax.device_get(tree).items()}
 
 
+# Keys that may change between a run and its resumption: they do not change the trajectory.
+OPERATIONAL_KEYS = frozenset({"steps", "run_dir", "resume_fallback", "keep_checkpoints",
+                              "guard_action", "guard_patience", "guard_truncated",
+                              "guard_logp_mismatch"})
+
+
+def _primary() -> bool:
+  """Only process 0 writes logs and plots (checkpoints coordinate through orbax)."""
+  return jax.process_index() == 0
+
+
+class _NoWriter:
+  def add_scalar(self, *args, **kwargs):
+    pass
+
+  def close(self):
+    pass
+
+
 def _append(path: str, record: dict) -> None:
+  if not _primary():
+    return
   with open(path, "a") as f:
     f.write(json.dumps(record) + "\n")
+
+
+def _truncate_metrics(path: str, last_step: int) -> None:
+  """Keep the rows of steps <= ``last_step`` (a killed process may have left later rows and a
+  partial last line); written to a temporary file and renamed, so a crash here loses nothing."""
+  if not _primary() or not os.path.exists(path):
+    return
+  keep = []
+  with open(path) as f:
+    for line in f:
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError:
+        continue  # a line cut by the crash
+      if isinstance(row, dict) and row.get("step", last_step + 1) <= last_step:
+        keep.append(line if line.endswith("\n") else line + "\n")
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.writelines(keep)
+  os.replace(tmp, path)
 
 
 def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
@@ -48,12 +99,13 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
     with open(cfg_path) as f:
       saved = json.load(f)
     changed = sorted(k for k in set(saved) | set(cfg_dict)
-                     if saved.get(k) != cfg_dict.get(k) and k not in ("steps", "run_dir"))
+                     if saved.get(k) != cfg_dict.get(k) and k not in OPERATIONAL_KEYS)
     if changed:
       raise ValueError(f"{run_dir} holds a run with a different config (keys {changed}); "
                        f"use another run_dir")
-  with open(cfg_path, "w") as f:
-    json.dump(cfg_dict, f, indent=2, sort_keys=True)
+  if _primary():
+    with open(cfg_path, "w") as f:
+      json.dump(cfg_dict, f, indent=2, sort_keys=True)
   metrics_path = os.path.join(run_dir, "metrics.jsonl")
   ckpt = checkpoint.Checkpointer(os.path.join(run_dir, "checkpoints"),
                                  keep_last=cfg.keep_checkpoints, best_metric="eval/pass@1")
@@ -61,22 +113,26 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
   # Weight averages (LAWA, EMA, ...) travel beside the train state and in its checkpoints, so a
   # resumed run continues its averages exactly.
   tracker = averaging.Tracker(cfg.averaging, state.params) if cfg.averaging else None
-  resumed_from = ckpt.latest_step()
+  like = (state, tracker.state) if tracker else state
+  try:
+    resumed_from, restored, meta = ckpt.restore_latest(like, fallback=cfg.resume_fallback, log=log)
+  except BaseException:
+    ckpt.close()
+    raise
   evals = []
   if resumed_from is not None:
-    like = (state, tracker.state) if tracker else state
-    restored, meta = ckpt.restore(resumed_from, like)
     if tracker:
       restored, tracker.state = restored
     state = RLState(*restored)
     evals = meta.get("evals", [])
+    _truncate_metrics(metrics_path, resumed_from)
     log(f"resumed {run_dir} from step {resumed_from}")
     if resumed_from >= cfg.steps:
       log(f"run already finished at step {resumed_from} (steps={cfg.steps}); nothing to do")
       ckpt.close()
       return {"state": state, "evals": evals, "resumed_from": resumed_from}
   else:
-    if os.path.exists(metrics_path):
+    if _primary() and os.path.exists(metrics_path):
       os.remove(metrics_path)  # a run with no checkpoint starts over
 
   def do_eval(step: int):
@@ -98,7 +154,13 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
             "param_leaves": len(jax.tree.leaves(state.params))}
     ckpt.save(step, (state, tracker.state) if tracker else state, meta, metrics)
 
-  tb = SummaryWriter(os.path.join(run_dir, "tb"))
+  # On resume, events a killed process logged after the checkpoint are purged.
+  tb = (SummaryWriter(os.path.join(run_dir, "tb"),
+                      purge_step=None if resumed_from is None else resumed_from + 1)
+        if _primary() else _NoWriter())
+  guard = (guards.Guards(patience=cfg.guard_patience, truncated=cfg.guard_truncated,
+                         logp_mismatch=cfg.guard_logp_mismatch)
+           if cfg.guard_action != "off" else None)
 
   def write_tb(step: int, prefix: str, values: dict):
     for k, v in values.items():
@@ -132,9 +194,21 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
       write_tb(step, "train", metrics)
       if step % cfg.eval_every == 0 or step == cfg.steps:
         write_tb(step, "eval", do_eval(step))
-      if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+      alarms = guard.check(step, metrics) if guard else []
+      for alarm in alarms:
+        log(f"WARNING: {alarm}")
+        warnings.warn(str(alarm), RuntimeWarning, stacklevel=2)
+        _append(metrics_path, {"step": step, "guard/metric": alarm.metric,
+                               "guard/message": str(alarm)})
+      stop = bool(alarms) and cfg.guard_action == "stop"
+      if step % cfg.checkpoint_every == 0 or step == cfg.steps or stop:
         save(step, evals[-1] if evals else None)
         last_good = step
+      if stop:
+        ckpt.wait()
+        raise guards.TrainingStalled(
+            f"{'; '.join(map(str, alarms))}; run stopped (guard_action='stop'), "
+            f"checkpoint saved at step {step} in {ckpt.directory}")
       bar.update(1)
       post = {"reward": f"{metrics['reward']:.3f}", "loss": f"{metrics['loss']:.4f}"}
       if evals:
@@ -144,7 +218,8 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
     bar.close()
     tb.close()
     ckpt.close()
-  plot_learning_curve(metrics_path, os.path.join(run_dir, "learning_curve.png"))
+  if _primary():
+    plot_learning_curve(metrics_path, os.path.join(run_dir, "learning_curve.png"))
   return {"state": state, "evals": evals, "resumed_from": resumed_from}
 
 

@@ -97,6 +97,12 @@ class RLConfig:
   run_dir: str = ""
   checkpoint_every: int = 100
   keep_checkpoints: int = 2
+  resume_fallback: bool = False  # resume from the previous checkpoint if the latest is corrupt
+  # silent-failure guards (rlpost.train.guards): "warn", "stop" (save and end the run) or "off"
+  guard_action: str = "warn"
+  guard_patience: int = 50
+  guard_truncated: float = 0.5
+  guard_logp_mismatch: float = 0.05
 
   def validate(self) -> None:
     def need(cond, key, msg):
@@ -128,6 +134,13 @@ class RLConfig:
          "must be >= group_size")
     need(self.dars_budget >= 0, "dars_budget", "must be >= 0")
     need(self.eval_every >= 1, "eval_every", "must be >= 1")
+    need(self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
+    need(self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1")
+    need(self.guard_action in ("warn", "stop", "off"), "guard_action",
+         "must be 'warn', 'stop' or 'off'")
+    need(self.guard_patience >= 1, "guard_patience", "must be >= 1")
+    need(0 <= self.guard_truncated <= 1, "guard_truncated", "must be in [0, 1]")
+    need(self.guard_logp_mismatch > 0, "guard_logp_mismatch", "must be > 0")
     need(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0")
     need(self.param_sharding in ("replicate", "fsdp"), "param_sharding",
          "must be 'replicate' or 'fsdp'")
@@ -268,12 +281,12 @@ class Trainer:
     """The state at step 0: parameters placed by the sharding rule, the rest replicated."""
     params = self.ref_params
     replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-    rest = jax.device_put((jax.random.key_data(jax.random.key(self.cfg.seed)), jnp.int32(0),
-                           jnp.int32(0)), replicated)
+    rest = [sharding.put(x, replicated) for x in
+            (jax.random.key_data(jax.random.key(self.cfg.seed)), jnp.int32(0), jnp.int32(0))]
     opt_state = jax.jit(self.optimizer.init)(params)  # moments follow the parameters' sharding
     opt_state = jax.tree.map(
         lambda x: x if len(x.sharding.device_set) == len(self.mesh.devices.flat)
-        else jax.device_put(x, replicated), opt_state)
+        else sharding.put(x, replicated), opt_state)
     return RLState(params, opt_state, *rest)
 
   def step(self, state: RLState):
@@ -424,12 +437,18 @@ class Trainer:
                                       sub.token_mask)
         parts, metrics = self.recipe.loss_fn(logp, sub, adv.values[rows], adv.weights[rows],
                                              entropy=ent)
-        return obj.finalize(parts), metrics
+        # Sampler vs trainer log-probs of the same tokens; only the first mini-batch of the
+        # first epoch sees the sampling parameters, so only that value is reported.
+        tok = sub.token_mask & sub.valid[:, None]
+        gap = jnp.abs(jax.lax.stop_gradient(logp) - sub.behaviour_logp)
+        mismatch = jnp.sum(jnp.where(tok, gap, 0.0)) / jnp.maximum(jnp.sum(tok), 1)
+        return obj.finalize(parts), (metrics, mismatch)
 
-      (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+      (loss, (metrics, mismatch)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
       updates, opt_state = self.optimizer.update(grads, opt_state, params)
       params = optax.apply_updates(params, updates)
       stats = {k: obj.finalize(v) for k, v in metrics.items()}
+      stats["logp_mismatch"] = mismatch
       stats["loss"] = loss
       stats["grad_norm"] = optax.tree.norm(grads)
       return (params, opt_state), stats
@@ -440,7 +459,9 @@ class Trainer:
 
     (params, opt_state), stats = jax.lax.scan(epoch, (state.params, state.opt_state),
                                               jnp.arange(cfg.num_iterations))
+    first_mismatch = stats.pop("logp_mismatch")[0, 0]
     stats = jax.tree.map(jnp.mean, stats)
+    stats["logp_mismatch"] = first_mismatch
     vf = valid.astype(jnp.float32)
     n_valid = jnp.maximum(jnp.sum(vf), 1.0)
     metrics = dict(

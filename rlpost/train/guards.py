@@ -1,0 +1,87 @@
+"""Guards against the silent failures of RL post-training.
+
+Runs that look healthy in a loss plot while learning nothing share a few signatures, each visible
+in the step metrics the trainer already returns:
+
+* ``zero_variance_groups`` = 1: every group's rollouts got the same reward, so every advantage
+  is zero (too hard or too easy a task, a broken reward, a collapsed policy);
+* ``truncated`` near 1: most completions hit the length limit, so they are scored as failures
+  (or by an overlong penalty) and the policy learns nothing about answers;
+* ``logp_mismatch`` large: the sampler's log-probs and the trainer's recomputation of them for
+  the same parameters disagree (a cache or masking bug, or numerics), so importance ratios and
+  KL terms are wrong;
+* ``loss`` exactly 0: nothing reaches the optimizer.
+
+``Guards.check(step, metrics)`` returns the alarms raised at that step (each names the metric,
+its value, the step and what it means), once per episode: an alarm re-arms when its condition
+clears. The loop logs them, records them in ``metrics.jsonl`` and, with action ``stop``, ends the
+run after saving a checkpoint, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Alarm:
+  metric: str
+  value: float
+  step: int
+  steps: int  # consecutive steps the condition has held
+  message: str
+
+  def __str__(self) -> str:
+    held = f" for {self.steps} consecutive steps" if self.steps > 1 else ""
+    return f"step {self.step}: {self.metric} = {self.value:.4g}{held}: {self.message}"
+
+
+class TrainingStalled(RuntimeError):
+  """Raised by the loop when a guard fires with action ``stop``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rule:
+  metric: str
+  bad: callable
+  patience: int
+  message: str
+
+
+class Guards:
+  """Consecutive-step alarms over step metrics.
+
+  Args:
+    patience: steps a condition must hold before ``zero_variance_groups``, ``truncated`` and
+      ``loss`` alarms fire.
+    truncated: fraction of truncated completions above which a step counts as bad.
+    logp_mismatch: mean absolute per-token log-prob difference between sampler and trainer above
+      which a step is bad; it fires at once (patience 1): it is a correctness problem.
+  """
+
+  def __init__(self, *, patience: int = 50, truncated: float = 0.5, logp_mismatch: float = 0.05):
+    if patience < 1:
+      raise ValueError(f"guard patience must be >= 1, got {patience}")
+    self.rules = [
+        _Rule("zero_variance_groups", lambda v: v >= 1.0, patience,
+              "every group has identical rewards, so every advantage is zero: nothing is learned"),
+        _Rule("truncated", lambda v: v > truncated, patience,
+              f"more than {truncated:.0%} of completions hit the length limit"),
+        _Rule("logp_mismatch", lambda v: v > logp_mismatch, 1,
+              f"sampler and trainer log-probs differ by more than {logp_mismatch} per token "
+              f"for the same parameters"),
+        _Rule("loss", lambda v: v == 0.0, patience,
+              "the loss is exactly zero: no gradient reaches the optimizer"),
+    ]
+    self.runs = {r.metric: 0 for r in self.rules}
+
+  def check(self, step: int, metrics: dict) -> list[Alarm]:
+    alarms = []
+    for r in self.rules:
+      if r.metric not in metrics:
+        continue
+      value = float(metrics[r.metric])
+      self.runs[r.metric] = self.runs[r.metric] + 1 if r.bad(value) else 0
+      if self.runs[r.metric] == r.patience:
+        alarms.append(Alarm(r.metric, value, step, self.runs[r.metric], r.message))
+    return alarms

@@ -1,0 +1,323 @@
+"""Reliability: verified checkpoints, crash safety under SIGKILL, silent-failure guards,
+determinism, bad input and a two-process run on JAX's distributed runtime."""
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rlpost.tasks import arithmetic
+from rlpost.tasks.tokenizer import CharTokenizer
+from rlpost.train import checkpoint, guards, loop, rl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY_MODEL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("reliability")
+  return dict(data_dir=str(root / "data"), cache_dir=str(root / "cache"))
+
+
+def tiny_cfg(dirs, **kw):
+  cfg = dict(task_spec=dict(min_digits=1, max_digits=2), num_train=200, num_test=40,
+             model=TINY_MODEL, sft_steps=60, sft_batch_size=32, num_prompts=4, group_size=4,
+             graded_reward=True, steps=4, eval_every=2, eval_problems=8, eval_samples=4,
+             eval_batch=32, checkpoint_every=2, **dirs)
+  cfg.update(kw)
+  return cfg
+
+
+def tiny(dirs, **kw):
+  return rl.make_train(tiny_cfg(dirs, **kw), log=lambda s: None)
+
+
+def _train_rows(run_dir):
+  """Per-step training metrics of a run, without wall-clock fields."""
+  rows = loop.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+  return [{k: v for k, v in r.items() if "seconds" not in k} for r in rows]
+
+
+# ------------------------------------------------------------------------ checkpoint integrity
+def _small_state():
+  return {"w": jnp.arange(6, dtype=jnp.float32).reshape(2, 3), "b": jnp.ones((3,), jnp.bfloat16),
+          "step": jnp.int32(7)}
+
+
+def test_checkpoint_verifies_structure_shapes_checksums_and_finiteness(tmp_path):
+  ck = checkpoint.Checkpointer(str(tmp_path / "ck"), keep_last=5, async_save=False)
+  state = _small_state()
+  ck.save(1, state, {"note": "a"})
+  got, meta = ck.restore(1, state)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), got, state)
+  assert meta["note"] == "a" and len(meta[checkpoint.INTEGRITY_KEY]) == 3
+  # A run whose state differs (another model size or optimizer) is told which array and step.
+  other = dict(state, w=jnp.zeros((3, 3), jnp.float32))
+  with pytest.raises(checkpoint.CheckpointError, match=r"step 1 .*float32\[2, 3\] but this run "
+                     r"expects float32\[3, 3\]"):
+    ck.restore(1, other)
+  with pytest.raises(checkpoint.CheckpointError, match="holds 3 arrays but this run's state has 2"):
+    ck.restore(1, {"w": state["w"], "b": state["b"]})
+  # Values that orbax reads back fine but that differ from what was saved: the checksum.
+  meta_file = tmp_path / "ck" / "1" / "meta" / "metadata"
+  saved = json.loads(meta_file.read_text())
+  saved[checkpoint.INTEGRITY_KEY][1]["crc32"] ^= 1
+  meta_file.write_text(json.dumps(saved))
+  with pytest.raises(checkpoint.CheckpointError, match="step 1 .*array 00001 fails its checksum"):
+    ck.restore(1, state)
+  # Non-finite values are refused even when the checksum agrees.
+  ck.save(2, dict(state, w=state["w"].at[0, 0].set(jnp.nan)), {})
+  with pytest.raises(checkpoint.CheckpointError, match="step 2 .*non-finite"):
+    ck.restore(2, state)
+  with pytest.raises(checkpoint.CheckpointError, match="no such step"):
+    ck.restore(9, state)
+  ck.close()
+
+
+def _damage(ckpt_dir: str, step: int, how: str) -> None:
+  """Truncate or overwrite the largest array-data file of a checkpoint."""
+  files = []
+  for root, _, names in os.walk(os.path.join(ckpt_dir, str(step), "state")):
+    files += [os.path.join(root, n) for n in names if "/d/" in os.path.join(root, n) + "/"]
+  target = max(files, key=os.path.getsize)
+  data = bytearray(open(target, "rb").read())
+  if how == "truncate":
+    data = data[:len(data) // 2]
+  else:
+    for i in range(len(data) // 3, len(data) // 3 + 64):
+      data[i] ^= 0xFF
+  open(target, "wb").write(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["truncate", "overwrite"])
+def test_corrupt_latest_checkpoint_errors_then_falls_back_only_when_asked(dirs, tmp_path, how):
+  run_dir = str(tmp_path / "run")
+  loop.run(tiny(dirs), run_dir, progress=False)  # checkpoints at steps 2 and 4
+  ckpt_dir = os.path.join(run_dir, "checkpoints")
+  _damage(ckpt_dir, 4, how)
+  rows_before = _train_rows(run_dir)
+  with pytest.raises(checkpoint.CheckpointError, match=r"step 4 .*resume_fallback"):
+    loop.run(tiny(dirs, steps=6), run_dir, progress=False)
+  # Nothing already saved was lost by the failed resume.
+  assert _train_rows(run_dir) == rows_before
+  assert sorted(os.listdir(ckpt_dir)) == ["2", "4"]
+  messages = []
+  tr = tiny(dirs, steps=6, resume_fallback=True)
+  tr.log = messages.append
+  out = loop.run(tr, run_dir, progress=False)
+  assert out["resumed_from"] == 2 and int(out["state"].step) == 6
+  assert any("step 4" in m and "previous checkpoint" in m for m in messages)
+  assert os.path.isdir(os.path.join(run_dir, "checkpoints.corrupt", "4"))  # kept for inspection
+  # Rows of steps 3-4 were redone from the step-2 checkpoint, once each.
+  steps = [r["step"] for r in _train_rows(run_dir) if "train/loss" in r]
+  assert steps == [1, 2, 3, 4, 5, 6]
+
+
+# ------------------------------------------------------------------------------ crash safety
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _launch(cfg_path, run_dir, log_path, env=None):
+  return subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, "scripts", "train.py"), cfg_path, f"run_dir={run_dir}",
+       "--no-progress"], cwd=ROOT, stdout=open(log_path, "a"), stderr=subprocess.STDOUT,
+      env=dict(os.environ, JAX_PLATFORMS="cpu", **(env or {})))
+
+
+def _saving(ckpt_dir: str) -> bool:
+  return os.path.isdir(ckpt_dir) and any("tmp" in n for n in os.listdir(ckpt_dir))
+
+
+def _rows_done(run_dir: str) -> int:
+  try:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+      return sum('"train/loss"' in line for line in f)
+  except FileNotFoundError:
+    return 0
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_resumes_to_the_uninterrupted_result(dirs, tmp_path):
+  steps = 12
+  cfg = tiny_cfg(dirs, steps=steps, checkpoint_every=1, eval_every=6)
+  like = rl.make_train(cfg, log=lambda s: None).init_state()  # also builds the data and SFT cache
+  cfg_path = str(tmp_path / "cfg.json")
+  with open(cfg_path, "w") as f:
+    json.dump(cfg, f)
+  ref_dir, crash_dir = str(tmp_path / "ref"), str(tmp_path / "crash")
+  assert _launch(cfg_path, ref_dir, str(tmp_path / "ref.log")).wait(600) == 0
+
+  rng = random.Random(0)
+  ckpt_dir = os.path.join(crash_dir, "checkpoints")
+  kills = {"save": 0, "step": 0}
+  for attempt in range(12):
+    proc = _launch(cfg_path, crash_dir, str(tmp_path / "crash.log"))
+    mode = "save" if attempt % 2 == 0 else "step"
+    start_rows = _rows_done(crash_dir)
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline:
+      if mode == "save" and _rows_done(crash_dir) > start_rows and _saving(ckpt_dir):
+        break  # an asynchronous checkpoint write is in flight
+      if mode == "step" and _rows_done(crash_dir) >= start_rows + 1:
+        time.sleep(rng.uniform(0.0, 0.2))  # somewhere inside the following steps
+        break
+      time.sleep(0.002)
+    if proc.poll() is None:
+      proc.send_signal(signal.SIGKILL)
+      proc.wait()
+      kills[mode] += 1
+    elif proc.returncode == 0:
+      break
+    else:
+      pytest.fail(f"training failed (rc {proc.returncode}):\n"
+                  f"{open(tmp_path / 'crash.log').read()[-3000:]}")
+  else:
+    pytest.fail("the run never finished")
+  assert kills["save"] >= 2 and kills["step"] >= 2, kills
+  assert "resumed" in open(tmp_path / "crash.log").read()
+  # The final state equals the uninterrupted run's, bitwise, and so does the metrics log.
+  ref = checkpoint.Checkpointer(os.path.join(ref_dir, "checkpoints"), async_save=False)
+  got = checkpoint.Checkpointer(ckpt_dir, async_save=False)
+  (a, _), (b, _) = ref.restore(steps, like), got.restore(steps, like)
+  ref.close()
+  got.close()
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert _train_rows(crash_dir) == _train_rows(ref_dir)
+
+
+# ----------------------------------------------------------------------------------- guards
+def test_guards_fire_once_per_episode_and_rearm():
+  g = guards.Guards(patience=3, truncated=0.5, logp_mismatch=0.01)
+  seq = [dict(zero_variance_groups=1.0, truncated=0.9, loss=0.0, logp_mismatch=0.0)] * 4
+  seq += [dict(zero_variance_groups=0.5, truncated=0.1, loss=0.3, logp_mismatch=0.2)]
+  seq += [dict(zero_variance_groups=1.0, truncated=0.1, loss=0.3, logp_mismatch=0.0)] * 3
+  fired = {step: [a.metric for a in g.check(step, m)] for step, m in enumerate(seq, 1)}
+  assert fired[3] == ["zero_variance_groups", "truncated", "loss"]
+  assert fired[4] == []  # once per episode
+  assert fired[5] == ["logp_mismatch"]  # a correctness problem: fires at once
+  assert fired[8] == ["zero_variance_groups"]  # re-armed after the condition cleared
+  alarm = guards.Guards(patience=1).check(12, {"truncated": 0.75})[0]
+  assert str(alarm).startswith("step 12: truncated = 0.75") and "length limit" in str(alarm)
+  with pytest.raises(ValueError, match="patience"):
+    guards.Guards(patience=0)
+
+
+def test_guards_in_a_run_warn_or_stop_naming_metric_and_step(dirs, tmp_path):
+  # One new token: every completion is truncated and every reward identical.
+  kw = dict(max_new_tokens=1, guard_patience=2, steps=6, checkpoint_every=5)
+  with pytest.warns(RuntimeWarning, match=r"step 2: truncated = [0-9.]+ for 2 consecutive steps"):
+    loop.run(tiny(dirs, **kw), str(tmp_path / "warn"), progress=False)
+  rows = loop.read_metrics(str(tmp_path / "warn" / "metrics.jsonl"))
+  assert {r["guard/metric"] for r in rows if "guard/metric" in r} >= {"truncated",
+                                                                       "zero_variance_groups"}
+  with pytest.warns(RuntimeWarning), pytest.raises(guards.TrainingStalled,
+                                                   match=r"step 2: .*checkpoint saved at step 2"):
+    loop.run(tiny(dirs, guard_action="stop", **kw), str(tmp_path / "stop"), progress=False)
+  assert "2" in os.listdir(tmp_path / "stop" / "checkpoints")
+
+
+def test_sampler_and_trainer_logprobs_agree(dirs):
+  tr = tiny(dirs)
+  state = tr.init_state()
+  for _ in range(2):
+    state, m = tr.step(state)
+    assert 0.0 <= float(m["logp_mismatch"]) < 1e-4, float(m["logp_mismatch"])
+
+
+def test_guard_config_errors(dirs):
+  from rlpost.train import config as config_lib
+
+  with pytest.raises(ValueError, match="'guard_action': must be"):
+    config_lib.from_dict(rl.RLConfig, {"guard_action": "shout"})
+  with pytest.raises(ValueError, match="'checkpoint_every': must be >= 1"):
+    config_lib.from_dict(rl.RLConfig, {"checkpoint_every": 0})
+
+
+# ------------------------------------------------------------------------------ determinism
+def test_same_config_and_seed_give_identical_metrics(dirs):
+  runs = []
+  for _ in range(2):
+    tr = tiny(dirs)
+    state, ms = tr.init_state(), []
+    for _ in range(3):
+      state, m = tr.step(state)
+      ms.append({k: float(v) for k, v in jax.device_get(m).items()})
+    runs.append((ms, tr.evaluate(state.params, num_problems=8, num_samples=4)))
+  assert runs[0] == runs[1]
+  other = tiny(dirs, seed=1)
+  _, m = other.step(other.init_state())
+  assert float(m["grad_norm"]) != runs[0][0][0]["grad_norm"]
+
+
+# ------------------------------------------------------------------------------- bad input
+def test_reward_function_exceptions_name_the_batch(dirs):
+  tr = tiny(dirs, task="countdown", task_spec={}, num_train=100, num_test=20)
+
+  def broken(tokens, mask, idx, split):
+    raise KeyError("lookup failed")
+
+  tr._score_host = broken
+  with pytest.raises(Exception, match=r"reward function failed on a batch of 16 rollouts "
+                     r"\(prompts \d+\.\.\d+\): KeyError"):
+    tr.step(tr.init_state())
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, CharTokenizer().vocab_size - 1), min_size=1, max_size=12),
+       st.booleans())
+def test_arithmetic_reward_is_bounded_on_any_tokens(tokens, graded):
+  tok = CharTokenizer()
+  t = jnp.asarray([tokens], jnp.int32)
+  mask = jnp.ones_like(t, bool)
+  ans, ans_len = arithmetic.encode_answers(["42"], tok, 4)
+  r, ok = arithmetic.reward(t, mask, jnp.asarray(ans), jnp.asarray(ans_len), tok, graded=graded)
+  r = float(r[0])
+  assert np.isfinite(r) and 0.0 <= r <= 1.0
+  assert bool(ok[0]) == (r >= 1.0)
+
+
+# ------------------------------------------------------------------------------- multi-host
+@pytest.mark.slow
+def test_two_processes_on_jax_distributed_match_one(dirs, tmp_path):
+  cfg = tiny_cfg(dirs, steps=3, eval_every=3)
+  rl.make_train(cfg, log=lambda s: None)  # data and SFT cache, shared by the processes
+  cfg_path = str(tmp_path / "cfg.json")
+  with open(cfg_path, "w") as f:
+    json.dump(cfg, f)
+  one = _launch(cfg_path, str(tmp_path / "one"), str(tmp_path / "one.log"))
+  assert one.wait(600) == 0, open(tmp_path / "one.log").read()[-3000:]
+  port = _free_port()
+  procs = [_launch(cfg_path, str(tmp_path / "two"), str(tmp_path / f"two{i}.log"),
+                   env=dict(RLPOST_COORDINATOR=f"localhost:{port}", RLPOST_NUM_PROCESSES="2",
+                            RLPOST_PROCESS_ID=str(i))) for i in range(2)]
+  for i, p in enumerate(procs):
+    assert p.wait(600) == 0, open(tmp_path / f"two{i}.log").read()[-3000:]
+  log0 = open(tmp_path / "two0.log").read()
+  assert "reusing cached SFT policy" in log0
+  a = [r for r in _train_rows(str(tmp_path / "one")) if "train/loss" in r]
+  b = [r for r in _train_rows(str(tmp_path / "two")) if "train/loss" in r]
+  assert [r["step"] for r in b] == [1, 2, 3]
+  for ra, rb in zip(a, b):
+    # Rollouts (hence rewards) are identical; the loss and gradient differ only by the order
+    # of the cross-process sum.
+    assert ra["train/reward"] == rb["train/reward"]
+    assert ra["train/response_length"] == rb["train/response_length"]
+    np.testing.assert_allclose(rb["train/grad_norm"], ra["train/grad_norm"], rtol=1e-4)
+    np.testing.assert_allclose(rb["train/loss"], ra["train/loss"], rtol=1e-3, atol=1e-6)
+  assert a[0]["train/grad_norm"] > 1e-3  # the comparison is not between two zeros
+  assert sorted(os.listdir(tmp_path / "two" / "checkpoints")) == ["2", "3"]
