@@ -291,6 +291,19 @@ def test_arithmetic_reward_is_bounded_on_any_tokens(tokens, graded):
   assert bool(ok[0]) == (r >= 1.0)
 
 
+def test_parsers_never_execute_text(tmp_path):
+  from rlpost.tasks import countdown, math_data
+
+  marker = tmp_path / "executed"
+  payloads = [f"__import__('os').system('touch {marker}')",
+              f"(lambda: open('{marker}', 'w'))()", "1+1; import os", "9**9**9**9"]
+  for text in payloads:
+    assert countdown.parse(text) is None
+    assert countdown.score(text, True, "3,5,7;56=") == 0.0
+    math_data.score_math(text, "2")
+  assert not marker.exists()
+
+
 # ------------------------------------------------------------------------------- multi-host
 @pytest.mark.slow
 def test_two_processes_on_jax_distributed_match_one(dirs, tmp_path):
