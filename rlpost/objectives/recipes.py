@@ -98,7 +98,12 @@ def _grpo_parts(*, std_eps: float, ddof: int) -> _Parts:
   )
 
 
-def grpo(*, std_eps: float = 1e-6, ddof: int = 1) -> Recipe:
+def _flips(prob: float) -> tuple:
+  """The injected sign-flip ablation stage (none when ``prob`` is 0)."""
+  return (A.flip_signs(prob=prob),) if prob > 0 else ()
+
+
+def grpo(*, std_eps: float = 1e-6, ddof: int = 1, signflip_prob: float = 0.0) -> Recipe:
   """GRPO (Shao et al. 2024, "DeepSeekMath", arXiv 2402.03300).
 
   A_i = (r_i - mean(r)) / (std(r) + eps); token ratio, PPO clip 0.2, KL to the reference with
@@ -108,8 +113,12 @@ def grpo(*, std_eps: float = 1e-6, ddof: int = 1) -> Recipe:
   (eps 1e-6, unbiased std); TRL's ``GRPOTrainer`` uses eps 1e-4 (``std_eps=1e-4``) and
   ``beta = 0`` by default (``kl_coef=0.0``). Deviation: a group of size 1 gets A = 0 (verl
   returns the raw score). No dual clip (verl's "vanilla" loss adds one: ``dual_clip=3.0``).
+
+  ``signflip_prob`` > 0 flips each final advantage's sign with that probability (the MC-GRPO
+  paper's injected sign-flip ablation, its code's ``signflip_percent``).
   """
-  return _grpo_parts(std_eps=std_eps, ddof=ddof).build("grpo")
+  parts = _grpo_parts(std_eps=std_eps, ddof=ddof)
+  return parts._replace(post=parts.post + _flips(signflip_prob)).build("grpo")
 
 
 def _dr_grpo_parts(*, max_length: int) -> _Parts:
@@ -291,6 +300,7 @@ def mc_grpo(
     odd_only: bool = True,
     max_length: Optional[int] = None,
     overlong_buffer: int = 4096,
+    signflip_prob: float = 0.0,
 ) -> Recipe:
   """MC-GRPO ("Median-Centered Group Relative Policy Optimization") over GRPO, DAPO or Dr.GRPO.
 
@@ -311,6 +321,7 @@ def mc_grpo(
       ablation, mean over all G+1 and the rollout with the smallest |r| dropped.
     odd_only: remove a pivot only from odd groups (groups shrunk by masking keep all members).
     max_length, overlong_buffer: for the DAPO and Dr.GRPO bases.
+    signflip_prob: injected sign flips after the pivot exclusion (see ``grpo``).
   """
   parts = _base_parts(
       base, max_length=max_length, overlong_buffer=overlong_buffer, recipe="mc_grpo"
@@ -333,7 +344,8 @@ def mc_grpo(
     scaler = A.identity()
   else:
     raise ValueError(f"mc_grpo: scale must be 'mad', 'std' or 'none', got {scale!r}")
-  return parts._replace(center=center, scale=scaler, post=parts.post + (exclude,)).build("mc_grpo")
+  post = parts.post + (exclude,) + _flips(signflip_prob)
+  return parts._replace(center=center, scale=scaler, post=post).build("mc_grpo")
 
 
 def ace(

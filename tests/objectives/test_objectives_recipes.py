@@ -181,3 +181,26 @@ def test_adding_a_recipe_needs_no_trainer_change(registered_example):
   np.testing.assert_allclose(adv.values, np.array([-1.5, -0.5, 1.5]) / s, rtol=1e-6)
   with pytest.raises(ValueError, match="already registered"):
     O.register_recipe("midrange_grpo", midrange_grpo)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("name", ["grpo", "mc_grpo"])
+def test_injected_sign_flips(name, jit):
+  batch = make_batch([[1.0, 0.0, 0.0], [0.5, 1.0, 0.0]], 3)
+  key = jax.random.key(3)
+
+  def adv(prob):
+    r = O.get_recipe(name, signflip_prob=prob)
+    fn = lambda b, k: O.compute_advantages(r.advantage, b, key=k)[0]
+    out = (jax.jit(fn) if jit else fn)(batch, key)
+    return np.asarray(out.values), np.asarray(out.weights)
+
+  clean, w = adv(0.0)
+  flipped, w1 = adv(1.0)
+  np.testing.assert_array_equal(w, w1)
+  np.testing.assert_allclose(flipped, -clean, atol=0)  # probability 1 negates every advantage
+  assert np.any(clean != 0)
+  half, _ = adv(0.5)
+  assert np.all((half == clean) | (half == -clean))
+  with pytest.raises(ValueError, match="flip probability"):
+    O.get_recipe(name, signflip_prob=1.5)
