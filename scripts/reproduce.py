@@ -22,6 +22,7 @@ sys.path.insert(0, ROOT)
 EXPERIMENTS = {
     "averaging": "experiments.averaging",
     "averaging_rl": "experiments.averaging.t5_rl",
+    "mc_grpo": "experiments.mc_grpo",
 }
 
 

@@ -1,0 +1,402 @@
+"""MC-GRPO at CPU scale: median vs mean baselines over G, sign flips, injected flips.
+
+Paper: "MC-GRPO: Median-Centered Group Relative Policy Optimization" (official code
+lotusroot-kim/MC-GRPO). Claims checked: (1) with the median baseline over G+1 rollouts the
+accuracy gap between G=2 and G=8 shrinks to within 1%; (2) in the low-rollout regime (G=2) the
+median beats the mean baseline, including the same-compute ablation (mean over G+1, dropping the
+rollout with the smallest |r|); (3) the mechanism: mean baselines of small groups give advantages
+of the wrong sign, the median fewer; (4) injected sign flips hurt accuracy.
+
+Command:  python scripts/reproduce.py mc_grpo [--quick] [--seeds N] [--out DIR]
+Hardware: 2 CPU cores. Setup: GRPO on 1-4 digit addition from the cached SFT policy of
+``experiments/grpo_arithmetic.py`` (0.4M-parameter decoder), 0/1 reward, 8 prompts per step;
+arms G in {2, 4, 8} x baseline {mean over G (GRPO), mean over G+1 dropping one, median over
+G+1 (MC-GRPO)}, plus GRPO at G=8 with injected sign flips. Seeds of an arm run as one vmapped
+program (``experiments/rl_seeds.py``). The sign-flip rates are measured on the SFT policy with a
+64-sample reference group per prompt, for the 0/1 and the graded reward.
+
+Outputs in ``--out`` (default ``results/mc_grpo``): ``table.md``, ``results.json``, ``accuracy_vs_g.png``,
+``learning_curves.png``, ``sign_flips.png``, ``injected_flips.png``; finished arms are cached under
+``cache/`` and not rerun. Runtime and the numbers produced on this CPU: see
+``experiments/mc_grpo/README.md`` (copied from ``table.md``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from experiments import rl_seeds
+from experiments.averaging.report import ci, fmt, signed, verdict
+from rlpost import objectives as O
+from rlpost.eval.metrics import mean_ci
+from rlpost.tasks import arithmetic
+from rlpost.train import rl
+
+BASELINES = ("mean", "mean_drop", "median")
+LABELS = {"mean": "mean over G (GRPO)", "mean_drop": "mean over G+1, drop one (same compute)",
+          "median": "median over G+1 (MC-GRPO)"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+  """Defaults fit ~40 minutes on 2 CPU cores; the sizing study in the README says what a
+  conclusive verdict would need."""
+
+  seeds: int = 4
+  steps: int = 150
+  group_sizes: tuple = (2, 4, 8)
+  flip_probs: tuple = (0.3,)
+  flip_group: int = 8
+  eval_every: int = 50
+  eval_problems: int = 300
+  eval_samples: int = 16
+  flip_prompts: int = 200  # sign-flip analysis: prompts x reference samples
+  flip_reference: int = 64
+  flip_draws: int = 16  # random subgroups per prompt and G
+  base: dict = dataclasses.field(default_factory=lambda: dict(num_prompts=8))
+
+
+def sizes(quick: bool) -> Sizes:
+  if not quick:
+    return Sizes()
+  tiny = dict(num_train=200, num_test=40, sft_steps=10, sft_batch_size=32, num_prompts=4,
+              task_spec=dict(min_digits=1, max_digits=2, terms=2), eval_batch=32,
+              model=dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                         intermediate_size=64))
+  return Sizes(seeds=2, steps=3, group_sizes=(2, 4), flip_probs=(0.3,), flip_group=4,
+               eval_every=3, eval_problems=8, eval_samples=4, flip_prompts=8, flip_reference=8,
+               flip_draws=4, base=tiny)
+
+
+def base_config(sz: Sizes) -> dict:
+  from experiments.grpo_arithmetic import CONFIG
+
+  cfg = dict(CONFIG, steps=sz.steps, eval_every=sz.eval_every, eval_problems=sz.eval_problems,
+             eval_samples=sz.eval_samples, checkpoint_every=10 ** 9)
+  cfg.update(sz.base)
+  return cfg
+
+
+def arm_config(base: dict, g: int, baseline: str, flip: float = 0.0) -> dict:
+  """The RLConfig dict of one arm (G is the number of gradient-contributing rollouts)."""
+  if baseline == "mean":
+    cfg = dict(base, recipe="grpo", group_size=g, recipe_args={})
+  elif baseline == "mean_drop":
+    cfg = dict(base, recipe="mc_grpo", group_size=g + 1, recipe_args={"baseline": "mean"})
+  elif baseline == "median":
+    cfg = dict(base, recipe="mc_grpo", group_size=g + 1, recipe_args={})
+  else:
+    raise ValueError(f"unknown baseline {baseline!r}")
+  if flip:
+    cfg["recipe_args"] = dict(cfg["recipe_args"], signflip_prob=flip)
+  return cfg
+
+
+# ------------------------------------------------------------------------------- sign flips
+def sign_flip_rates(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0) -> dict:
+  """Opposite-sign and zeroed advantage rates of small-group baselines on the SFT policy.
+
+  For each of ``flip_prompts`` training prompts, ``flip_reference`` completions give the
+  reference baseline b (the prompt's mean reward: the true expected reward, estimated). A
+  rollout's reference advantage is r - b. Random subgroups of the same completions are then
+  scored by the library's own recipes: GRPO's mean over G, and MC-GRPO's median over G+1 (the
+  pivot, which never reaches the loss, is left out). Returned per reward kind ("binary",
+  "graded") and baseline: {G: {"opposite", "zeroed", "count"}} pooled over prompts and draws.
+  """
+  n, m, draws = sz.flip_prompts, sz.flip_reference, sz.flip_draws
+  idx = jnp.repeat(jnp.arange(n, dtype=jnp.int32), m)
+  sample = jax.jit(trainer._sample_rows)
+  ro = sample(trainer.ref_params, idx, jax.random.key(seed))
+  data = trainer.train_data
+  rng = np.random.default_rng(seed)
+  out = {}
+  for kind in ("binary", "graded"):
+    r, _ = arithmetic.reward(ro.tokens, ro.mask, data.answer[idx], data.answer_len[idx],
+                             trainer.tok, graded=kind == "graded")
+    r = np.asarray(r).reshape(n, m)
+    b = r.mean(axis=1)
+    res = {}
+    for baseline, recipe in (("mean", O.get_recipe("grpo")), ("median", O.get_recipe("mc_grpo"))):
+      res[baseline] = {}
+      for g in sz.group_sizes:
+        size = g if baseline == "mean" else g + 1
+        pick = np.stack([np.stack([rng.choice(m, size, replace=False) for _ in range(draws)])
+                         for _ in range(n)])  # [n, draws, size]
+        rew = np.take_along_axis(r[:, None, :], pick, axis=2).reshape(-1)
+        ref = np.repeat(b, draws * size)
+        groups = np.repeat(np.arange(n * draws), size)
+        batch = O.RolloutBatch(
+            group_id=jnp.asarray(groups, jnp.int32), valid=jnp.ones(rew.shape, bool),
+            tokens=jnp.zeros((rew.size, 1), jnp.int32), token_mask=jnp.ones((rew.size, 1), bool),
+            rewards=jnp.asarray(rew, jnp.float32))
+        adv, _ = O.compute_advantages(recipe.advantage, batch)
+        flips = O.sign_flip_rates(adv.values, batch.rewards, jnp.asarray(ref, jnp.float32),
+                                  adv.weights > 0)
+        res[baseline][g] = {"opposite": float(flips.opposite), "zeroed": float(flips.zeroed),
+                            "count": int(flips.count)}
+    out[kind] = res
+  return out
+
+
+# ---------------------------------------------------------------------------------- running
+def run(args) -> dict:
+  t_start = time.perf_counter()
+  sz = sizes(args.quick)
+  if args.seeds:
+    sz = dataclasses.replace(sz, seeds=args.seeds)
+  out_dir = args.out
+  os.makedirs(out_dir, exist_ok=True)
+  cache = os.path.join(out_dir, "cache")
+  base = base_config(sz)
+  seeds = list(range(sz.seeds))
+  arms = [(g, bl, 0.0) for g in sz.group_sizes for bl in BASELINES]
+  arms += [(sz.flip_group, "mean", p) for p in sz.flip_probs]
+  total = sum(base["steps"] for _ in arms)
+  bar = tqdm(total=total, desc="mc_grpo", disable=args.no_progress, dynamic_ncols=True)
+  results = {}
+  for g, bl, p in arms:
+    name = f"G{g}-{bl}" + (f"-flip{p}" if p else "")
+    bar.set_postfix(arm=name)
+    results[name] = rl_seeds.run_arm(arm_config(base, g, bl, p), seeds, cache_dir=cache,
+                                     on_step=bar.update)
+  bar.close()
+  flip_cache = os.path.join(cache, f"flips-{rl_seeds.arm_key(base, [0], dataclasses.asdict(sz))}.json")
+  if os.path.exists(flip_cache):
+    with open(flip_cache) as f:
+      flips = json.load(f)
+  else:
+    trainer = rl.make_train(arm_config(base, 2, "mean"), log=lambda s: None)
+    flips = sign_flip_rates(trainer, sz)
+    with open(flip_cache, "w") as f:
+      json.dump(flips, f)
+  flips = {k: {bl: {int(g): v for g, v in d.items()} for bl, d in r.items()}
+           for k, r in flips.items()}
+  summary = summarize(results, flips, sz)
+  command = "python scripts/reproduce.py mc_grpo" + (" --quick" if args.quick else "") + (
+      f" --seeds {args.seeds}" if args.seeds else "")
+  report = {"command": command, "sizes": dataclasses.asdict(sz), "base_config": base,
+            "seconds": time.perf_counter() - t_start, "summary": summary, "sign_flips": flips,
+            "arms": results}
+  with open(os.path.join(out_dir, "results.json"), "w") as f:
+    json.dump(report, f, indent=1, default=float)
+  table = render(summary, flips, sz, report)
+  with open(os.path.join(out_dir, "table.md"), "w") as f:
+    f.write(table)
+  plot(results, summary, flips, sz, out_dir)
+  print(table)
+  return report
+
+
+# ---------------------------------------------------------------------------------- summary
+def _diff_unpaired(a, b, n_boot: int = 10000, seed: int = 0) -> dict:
+  """Mean of a minus mean of b with a bootstrap interval resampling each arm's seeds."""
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  if min(a.size, b.size) < 2:
+    return {"mean": float(a.mean() - b.mean()), "lo": math.nan, "hi": math.nan, "n": 1,
+            "signed": True}
+  rng = np.random.default_rng(seed)
+  da = a[rng.integers(0, a.size, (n_boot, a.size))].mean(1)
+  db = b[rng.integers(0, b.size, (n_boot, b.size))].mean(1)
+  d = da - db
+  return {"mean": float(a.mean() - b.mean()), "lo": float(np.quantile(d, 0.025)),
+          "hi": float(np.quantile(d, 0.975)), "n": int(min(a.size, b.size)), "signed": True}
+
+
+def summarize(results: dict, flips: dict, sz: Sizes) -> dict:
+  acc = {name: rl_seeds.final_metric(arm) for name, arm in results.items()}
+  start = float(np.mean([e["pass@1"] for e in results[next(iter(results))]["evals"][0]["per_seed"]]))
+  s = {"start_pass@1": start, "cells": {}, "gaps": {}, "vs_mean": {}, "vs_mean_drop": {},
+       "flip_ablation": {}}
+  for name, a in acc.items():
+    s["cells"][name] = ci(a)
+  gs = sz.group_sizes
+  for bl in BASELINES:
+    s["gaps"][bl] = _diff_unpaired(acc[f"G{max(gs)}-{bl}"], acc[f"G{min(gs)}-{bl}"])
+  for g in gs:
+    # Seeds share their PRNG keys across arms, but different arms draw different rollouts,
+    # so arms are compared as independent samples.
+    s["vs_mean"][g] = _diff_unpaired(acc[f"G{g}-median"], acc[f"G{g}-mean"])
+    s["vs_mean_drop"][g] = _diff_unpaired(acc[f"G{g}-median"], acc[f"G{g}-mean_drop"])
+  for p in sz.flip_probs:
+    s["flip_ablation"][p] = _diff_unpaired(acc[f"G{sz.flip_group}-mean-flip{p}"],
+                                           acc[f"G{sz.flip_group}-mean"])
+  g0 = min(gs)
+  graded = flips["graded"]
+  s["verdicts"] = {
+      "gap_within_1pct": _gap_verdict(s["gaps"]["median"]),
+      "median_beats_mean_small_g": verdict(s["vs_mean"][g0]),
+      "median_beats_same_compute_small_g": verdict(s["vs_mean_drop"][g0]),
+      "median_fewer_sign_flips": _rate_verdict(graded["median"][g0], graded["mean"][g0]),
+      "injected_flips_hurt": verdict(signed(_neg(s["flip_ablation"][max(sz.flip_probs)]))),
+  }
+  return s
+
+
+def _rate_verdict(median: dict, mean: dict) -> str:
+  """Is the median's opposite-sign rate lower than the mean's? A two-proportion z-test at 95%
+  (rollouts treated as independent, which subgroups drawn from the same prompts are not quite:
+  a lenient test)."""
+  p1, n1, p2, n2 = median["opposite"], median["count"], mean["opposite"], mean["count"]
+  if min(n1, n2) == 0:
+    return "inconclusive"
+  se = math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
+  if se == 0:
+    return "inconclusive"
+  z = (p2 - p1) / se
+  return "reproduced" if z > 1.96 else "not reproduced" if z < -1.96 else "inconclusive"
+
+
+def _neg(c: dict) -> dict:
+  return dict(c, mean=-c["mean"], lo=-c["hi"], hi=-c["lo"])
+
+
+def _gap_verdict(c: dict) -> str:
+  """Within 1%: the interval of G8 - G2 lies inside [-0.01, 0.01] -> reproduced; entirely
+  outside it -> not reproduced; otherwise inconclusive."""
+  if c["n"] < 2 or math.isnan(c["lo"]):
+    return "inconclusive"
+  if c["lo"] >= -0.01 and c["hi"] <= 0.01:
+    return "reproduced"
+  if c["lo"] > 0.01 or c["hi"] < -0.01:
+    return "not reproduced"
+  return "inconclusive"
+
+
+def render(s: dict, flips: dict, sz: Sizes, report: dict) -> str:
+  gs = sz.group_sizes
+  lines = ["# MC-GRPO at CPU scale", "",
+           f"`{report['command']}`: {sz.seeds} seeds per arm, {sz.steps} RL steps, "
+           f"test pass@1 from {sz.eval_problems} problems x {sz.eval_samples} samples "
+           f"(SFT start: {s['start_pass@1']:.3f}); {report['seconds'] / 60:.1f} min on this machine. "
+           "Cells: mean [95% bootstrap CI over seeds].", "",
+           "## Final test pass@1", "",
+           "| G (gradient rollouts) | " + " | ".join(LABELS[b] for b in BASELINES) + " |",
+           "| --- | " + " | ".join("---" for _ in BASELINES) + " |"]
+  for g in gs:
+    lines.append(f"| {g} | " + " | ".join(fmt(s["cells"][f"G{g}-{b}"]) for b in BASELINES) + " |")
+  lines += ["", "## Differences", "", "| comparison | difference |", "| --- | --- |"]
+  for b in BASELINES:
+    lines.append(f"| G={max(gs)} minus G={min(gs)}, {LABELS[b]} | {fmt(s['gaps'][b])} |")
+  for g in gs:
+    lines.append(f"| G={g}: median minus mean over G | {fmt(s['vs_mean'][g])} |")
+    lines.append(f"| G={g}: median minus mean over G+1 drop one | {fmt(s['vs_mean_drop'][g])} |")
+  for p, c in s["flip_ablation"].items():
+    lines.append(f"| G={sz.flip_group} GRPO, injected flips p={p} minus p=0 | {fmt(c)} |")
+  lines += ["", "## Advantage sign flips on the SFT policy", "",
+            f"Reference: the mean reward of {sz.flip_reference} samples per prompt, "
+            f"{sz.flip_prompts} prompts, {sz.flip_draws} random subgroups per prompt and G. "
+            "Opposite: sign(A) = -sign(r - b); zeroed: A = 0 while r != b.", "",
+            "| reward | baseline | " + " | ".join(f"G={g} opposite / zeroed" for g in gs) + " |",
+            "| --- | --- | " + " | ".join("---" for _ in gs) + " |"]
+  for kind in ("binary", "graded"):
+    for bl in ("mean", "median"):
+      cells = [f"{flips[kind][bl][g]['opposite']:.3f} / {flips[kind][bl][g]['zeroed']:.3f}"
+               for g in gs]
+      lines.append(f"| {kind} | {bl} | " + " | ".join(cells) + " |")
+  v = s["verdicts"]
+  g0 = min(gs)
+  gr = flips["graded"]
+  lines += ["", "## Paper claims", "",
+            "| claim (paper) | ours | verdict |", "| --- | --- | --- |",
+            f"| median closes the G={g0} to G={max(gs)} gap to within 1% | gap "
+            f"{fmt(s['gaps']['median'])} (mean baseline: {fmt(s['gaps']['mean'])}) | "
+            f"{v['gap_within_1pct']} |",
+            f"| median beats the mean baseline at small G | G={g0}: {fmt(s['vs_mean'][g0])} | "
+            f"{v['median_beats_mean_small_g']} |",
+            f"| ... and the same-compute mean ablation | G={g0}: {fmt(s['vs_mean_drop'][g0])} | "
+            f"{v['median_beats_same_compute_small_g']} |",
+            f"| the median gives fewer opposite-sign advantages (graded reward) | G={g0}: "
+            f"{gr['median'][g0]['opposite']:.3f} vs {gr['mean'][g0]['opposite']:.3f} | "
+            f"{v['median_fewer_sign_flips']} |",
+            f"| injected sign flips reduce accuracy | p={max(sz.flip_probs)}: "
+            f"{fmt(s['flip_ablation'][max(sz.flip_probs)])} | {v['injected_flips_hurt']} |",
+            "",
+            "Rules: an effect is reproduced when its 95% interval lies on the claimed side of 0, "
+            "not reproduced when it lies on the other side, inconclusive otherwise; the gap claim "
+            "needs the whole interval inside [-0.01, 0.01]. With 0/1 rewards no baseline can "
+            "give an opposite sign (only zero), so the mechanism is judged on the graded reward.",
+            ""]
+  return "\n".join(lines)
+
+
+def plot(results: dict, s: dict, flips: dict, sz: Sizes, out_dir: str) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  gs = list(sz.group_sizes)
+  fig, ax = plt.subplots(figsize=(5.5, 3.5))
+  for i, b in enumerate(BASELINES):
+    c = [s["cells"][f"G{g}-{b}"] for g in gs]
+    m = np.array([x["mean"] for x in c])
+    lo = np.array([x["lo"] for x in c])
+    hi = np.array([x["hi"] for x in c])
+    x = np.arange(len(gs)) + (i - 1) * 0.08
+    ax.errorbar(x, m, yerr=[m - lo, hi - m] if not np.isnan(lo).any() else None, marker="o",
+                capsize=3, label=LABELS[b])
+  ax.axhline(s["start_pass@1"], color="gray", ls=":", label="SFT start")
+  ax.set_xticks(range(len(gs)), [str(g) for g in gs])
+  ax.set_xlabel("G (gradient-contributing rollouts per prompt)")
+  ax.set_ylabel("final test pass@1")
+  ax.legend(fontsize=7)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, "accuracy_vs_g.png"), dpi=120)
+  plt.close(fig)
+
+  fig, axes = plt.subplots(1, len(gs), figsize=(4 * len(gs), 3.2), sharey=True)
+  for ax, g in zip(np.atleast_1d(axes), gs):
+    for b in BASELINES:
+      arm = results[f"G{g}-{b}"]
+      steps = [e["step"] for e in arm["evals"]]
+      vals = np.array([[x["pass@1"] for x in e["per_seed"]] for e in arm["evals"]])
+      ax.plot(steps, vals.mean(1), marker="o", label=LABELS[b])
+    ax.set_title(f"G={g}")
+    ax.set_xlabel("RL step")
+    ax.grid(alpha=0.3)
+  np.atleast_1d(axes)[0].set_ylabel("test pass@1 (mean over seeds)")
+  np.atleast_1d(axes)[0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, "learning_curves.png"), dpi=120)
+  plt.close(fig)
+
+  fig, axes = plt.subplots(1, 2, figsize=(8, 3.2), sharey=True)
+  for ax, kind in zip(axes, ("binary", "graded")):
+    for bl, style in (("mean", "-"), ("median", "--")):
+      ax.plot(gs, [flips[kind][bl][g]["opposite"] for g in gs], "o" + style, label=f"{bl}: opposite")
+      ax.plot(gs, [flips[kind][bl][g]["zeroed"] for g in gs], "s" + style, label=f"{bl}: zeroed")
+    ax.set_title(f"{kind} reward")
+    ax.set_xlabel("G")
+    ax.grid(alpha=0.3)
+  axes[0].set_ylabel("fraction of rollouts")
+  axes[0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, "sign_flips.png"), dpi=120)
+  plt.close(fig)
+
+  ps = [0.0] + list(sz.flip_probs)
+  names = [f"G{sz.flip_group}-mean"] + [f"G{sz.flip_group}-mean-flip{p}" for p in sz.flip_probs]
+  c = [s["cells"][n] for n in names]
+  fig, ax = plt.subplots(figsize=(4.5, 3.2))
+  ax.errorbar(ps, [x["mean"] for x in c], marker="o", capsize=3)
+  ax.set_xlabel("injected sign-flip probability")
+  ax.set_ylabel("final test pass@1")
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, "injected_flips.png"), dpi=120)
+  plt.close(fig)
+
+
+if __name__ == "__main__":
+  sys.exit("run through: python scripts/reproduce.py mc_grpo")
