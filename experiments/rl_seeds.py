@@ -32,7 +32,8 @@ from rlpost.train import rl
 
 # Per-step training metrics kept in the results (all seeds).
 TRAIN_KEYS = ("reward", "accuracy", "loss", "zero_variance_groups", "adv_abs", "truncated",
-              "response_length", "logp_mismatch", "grad_norm", "kl", "entropy")
+              "response_length", "logp_mismatch", "grad_norm", "kl", "entropy",
+              "overconfident_errors", "confidence_shift")
 
 
 def arm_key(cfg: dict, seeds: list[int], extra: dict | None = None) -> str:
@@ -116,6 +117,20 @@ def run_arm(cfg: dict, seeds: list[int], *, cache_dir: str | None = None,
       json.dump(out, f)
     os.replace(tmp, path)
   return out
+
+
+def diff_ci_unpaired(a, b, n_boot: int = 10000, seed: int = 0) -> dict:
+  """Mean of ``a`` minus mean of ``b`` (independent arms) with a 95% bootstrap interval that
+  resamples each arm's seeds; {"mean", "lo", "hi", "n", "signed"}."""
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  if min(a.size, b.size) < 2:
+    return {"mean": float(a.mean() - b.mean()), "lo": float("nan"), "hi": float("nan"), "n": 1,
+            "signed": True}
+  rng = np.random.default_rng(seed)
+  d = (a[rng.integers(0, a.size, (n_boot, a.size))].mean(1)
+       - b[rng.integers(0, b.size, (n_boot, b.size))].mean(1))
+  return {"mean": float(a.mean() - b.mean()), "lo": float(np.quantile(d, 0.025)),
+          "hi": float(np.quantile(d, 0.975)), "n": int(min(a.size, b.size)), "signed": True}
 
 
 def final_metric(arm: dict, key: str = "pass@1") -> np.ndarray:

@@ -22,7 +22,9 @@ sys.path.insert(0, ROOT)
 EXPERIMENTS = {
     "averaging": "experiments.averaging",
     "averaging_rl": "experiments.averaging.t5_rl",
+    "roundtrip": "experiments.roundtrip",
     "mc_grpo": "experiments.mc_grpo",
+    "ace": "experiments.ace",
 }
 
 

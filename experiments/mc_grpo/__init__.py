@@ -198,20 +198,6 @@ def run(args) -> dict:
 
 
 # ---------------------------------------------------------------------------------- summary
-def _diff_unpaired(a, b, n_boot: int = 10000, seed: int = 0) -> dict:
-  """Mean of a minus mean of b with a bootstrap interval resampling each arm's seeds."""
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  if min(a.size, b.size) < 2:
-    return {"mean": float(a.mean() - b.mean()), "lo": math.nan, "hi": math.nan, "n": 1,
-            "signed": True}
-  rng = np.random.default_rng(seed)
-  da = a[rng.integers(0, a.size, (n_boot, a.size))].mean(1)
-  db = b[rng.integers(0, b.size, (n_boot, b.size))].mean(1)
-  d = da - db
-  return {"mean": float(a.mean() - b.mean()), "lo": float(np.quantile(d, 0.025)),
-          "hi": float(np.quantile(d, 0.975)), "n": int(min(a.size, b.size)), "signed": True}
-
-
 def summarize(results: dict, flips: dict, sz: Sizes) -> dict:
   acc = {name: rl_seeds.final_metric(arm) for name, arm in results.items()}
   start = float(np.mean([e["pass@1"] for e in results[next(iter(results))]["evals"][0]["per_seed"]]))
@@ -221,14 +207,14 @@ def summarize(results: dict, flips: dict, sz: Sizes) -> dict:
     s["cells"][name] = ci(a)
   gs = sz.group_sizes
   for bl in BASELINES:
-    s["gaps"][bl] = _diff_unpaired(acc[f"G{max(gs)}-{bl}"], acc[f"G{min(gs)}-{bl}"])
+    s["gaps"][bl] = rl_seeds.diff_ci_unpaired(acc[f"G{max(gs)}-{bl}"], acc[f"G{min(gs)}-{bl}"])
   for g in gs:
     # Seeds share their PRNG keys across arms, but different arms draw different rollouts,
     # so arms are compared as independent samples.
-    s["vs_mean"][g] = _diff_unpaired(acc[f"G{g}-median"], acc[f"G{g}-mean"])
-    s["vs_mean_drop"][g] = _diff_unpaired(acc[f"G{g}-median"], acc[f"G{g}-mean_drop"])
+    s["vs_mean"][g] = rl_seeds.diff_ci_unpaired(acc[f"G{g}-median"], acc[f"G{g}-mean"])
+    s["vs_mean_drop"][g] = rl_seeds.diff_ci_unpaired(acc[f"G{g}-median"], acc[f"G{g}-mean_drop"])
   for p in sz.flip_probs:
-    s["flip_ablation"][p] = _diff_unpaired(acc[f"G{sz.flip_group}-mean-flip{p}"],
+    s["flip_ablation"][p] = rl_seeds.diff_ci_unpaired(acc[f"G{sz.flip_group}-mean-flip{p}"],
                                            acc[f"G{sz.flip_group}-mean"])
   g0 = min(gs)
   graded = flips["graded"]

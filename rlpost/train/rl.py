@@ -474,11 +474,24 @@ class Trainer:
         truncated=jnp.sum((ro.finish == sampling.FINISH_LENGTH) * vf) / n_valid,
         adv_abs=jnp.sum(jnp.abs(adv.values) * adv.weights) / jnp.maximum(jnp.sum(adv.weights), 1),
         nonfinite_batch=(~finite.ok).astype(jnp.int32),
+        **self._confidence_metrics(batch),
         nonfinite_index=finite.first_bad_index,
     )
     new_state = RLState(params=params, opt_state=opt_state, key=state.key, step=state.step + 1,
                         cursor=state.cursor + consumed)
     return new_state, metrics
+
+  def _confidence_metrics(self, batch: RolloutBatch) -> dict:
+    """ACE's diagnostics where reference log-probs exist: the share of overconfident errors
+    (wrong rollouts the policy made more likely than the reference did) and the mean
+    confidence shift c_i = sum_t (logp - ref_logp) under the sampling policy."""
+    if batch.ref_logp is None:
+      return {}
+    shift = obj.confidence_shift(batch.behaviour_logp, batch.ref_logp, batch.token_mask)
+    vf = batch.valid.astype(jnp.float32)
+    return dict(
+        overconfident_errors=obj.overconfident_error_fraction(shift, batch.correct, batch.valid),
+        confidence_shift=jnp.sum(shift * vf) / jnp.maximum(jnp.sum(vf), 1.0))
 
   # ---------------------------------------------------------------------------------- eval
   def evaluate(self, params, *, num_problems: int | None = None, num_samples: int | None = None,
