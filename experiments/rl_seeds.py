@@ -33,7 +33,8 @@ from rlpost.train import rl
 # Per-step training metrics kept in the results (all seeds).
 TRAIN_KEYS = ("reward", "accuracy", "loss", "zero_variance_groups", "adv_abs", "truncated",
               "response_length", "logp_mismatch", "grad_norm", "kl", "entropy",
-              "overconfident_errors", "confidence_shift")
+              "overconfident_errors", "confidence_shift", "dars_all_wrong_stage1", "dars_rescued",
+              "dars_extra_rollouts", "kept_groups")
 
 
 def arm_key(cfg: dict, seeds: list[int], extra: dict | None = None) -> str:

@@ -25,6 +25,7 @@ EXPERIMENTS = {
     "roundtrip": "experiments.roundtrip",
     "mc_grpo": "experiments.mc_grpo",
     "ace": "experiments.ace",
+    "dars": "experiments.dars",
 }
 
 

@@ -1,0 +1,285 @@
+"""DARS / DARS-B at CPU scale: pass@k overall and on the hardest problems, rescued prompts,
+and GRPO's cumulative-advantage bias.
+
+Paper: "Depth-Breadth Synergy in RLVR" (DARS, DARS-B; official code yangzhch6/DARS). Claims
+checked: (1) the cumulative |advantage| of a group peaks at accuracy 0.5 (hard prompts are
+down-weighted); (2) naively enlarging the rollout size N does not improve pass@K; (3) DARS
+improves pass@K; (4) DARS-B improves pass@1 and pass@K together; plus how many all-wrong
+prompts the second stage rescues.
+
+Command:  python scripts/reproduce.py dars [--quick] [--seeds N] [--out DIR]
+Hardware: 2 CPU cores. Setup: 1-4 digit addition (4 digits is the hardest bucket) from the cached
+SFT policy of ``experiments/grpo_arithmetic.py``; every arm uses the DARS objective (advantage
+r - mean over the merged group, token sum over a constant length, dual clip, entropy bonus, no
+KL), so arms differ only in rollout allocation and batch breadth:
+
+* ``grpo-n8``: N=8 per prompt, 8 prompts, 2 mini-batches per step;
+* ``grpo-n16``: N=16 (a naively larger N: the same rollouts per step as the DARS arms);
+* ``dars-et`` / ``dars-hw``: N=8 in stage 1 plus a static budget of 8 stage-2 rollouts per prompt
+  on average, scheduled by equal treatment / hardness weighting (n_max 32 / 64);
+* ``dars-b``: dars-et with 4x the prompts per step, full-batch updates for 2 epochs, and a quarter
+  of the steps (the same number of rollouts in total).
+
+Outputs in ``--out`` (default ``results/dars``): ``table.md``, ``results.json``, ``passk.png``,
+``cumulative_advantage.png``; finished arms are cached under ``cache/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from experiments import rl_seeds
+from experiments.averaging.report import ci, fmt, verdict
+from rlpost import objectives as O
+from rlpost.train import rl
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+  seeds: int = 4
+  steps: int = 160
+  num_prompts: int = 8
+  n: int = 8
+  breadth: int = 4
+  eval_every: int = 40
+  eval_problems: int = 200
+  eval_samples: int = 64
+  hardest: int = 4  # difficulty bucket reported separately
+  curve_prompts: int = 400  # cumulative-advantage analysis on the SFT policy
+  base: dict = dataclasses.field(default_factory=dict)
+
+
+def sizes(quick: bool) -> Sizes:
+  if not quick:
+    return Sizes()
+  tiny = dict(num_train=200, num_test=40, sft_steps=10, sft_batch_size=32, eval_batch=64,
+              task_spec=dict(min_digits=1, max_digits=2, terms=2),
+              model=dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                         intermediate_size=64))
+  return Sizes(seeds=2, steps=4, num_prompts=4, n=4, breadth=2, eval_every=4, eval_problems=8,
+               eval_samples=8, hardest=2, curve_prompts=16, base=tiny)
+
+
+def arms(sz: Sizes) -> dict:
+  """{arm name: RLConfig overrides}."""
+  p, n = sz.num_prompts, sz.n
+  common = dict(recipe="dars", group_size=n, num_prompts=p, num_minibatches=2)
+  stage2 = dict(dars_budget=p * n)  # on average one more N per prompt
+  return {
+      f"grpo-n{n}": dict(common),
+      f"grpo-n{2 * n}": dict(common, group_size=2 * n),
+      "dars-et": dict(common, dars_schedule="et", dars_n_max=4 * n, **stage2),
+      "dars-hw": dict(common, dars_schedule="hw", dars_n_max=8 * n, **stage2),
+      "dars-b": dict(common, dars_schedule="et", dars_n_max=4 * n, num_prompts=p * sz.breadth,
+                     dars_budget=p * sz.breadth * n, num_minibatches=1, num_iterations=2,
+                     steps=sz.steps // sz.breadth, eval_every=max(1, sz.eval_every // sz.breadth)),
+  }
+
+
+def base_config(sz: Sizes) -> dict:
+  from experiments.grpo_arithmetic import CONFIG
+
+  cfg = dict(CONFIG, steps=sz.steps, eval_every=sz.eval_every, eval_problems=sz.eval_problems,
+             eval_samples=sz.eval_samples, checkpoint_every=10 ** 9)
+  cfg.update(sz.base)
+  return cfg
+
+
+# ----------------------------------------------------------------- cumulative advantage curve
+def cumulative_advantage_curve(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0) -> dict:
+  """Sum of |A_i| over a group against the group's accuracy, on the SFT policy.
+
+  ``curve_prompts`` training prompts x N rollouts, scored with GRPO's advantage (mean and std)
+  and Dr.GRPO / DARS's (mean only) from the library's recipes. Returns, per accuracy level
+  j/N: the number of groups and the mean cumulative |A| under each advantage.
+  """
+  n, p = sz.n, sz.curve_prompts
+  idx = jnp.repeat(jnp.arange(p, dtype=jnp.int32), n)
+  ro = jax.jit(trainer._sample_rows)(trainer.ref_params, idx, jax.random.key(seed))
+  batch = O.RolloutBatch(group_id=jnp.repeat(jnp.arange(p, dtype=jnp.int32), n),
+                         valid=jnp.ones((p * n,), bool), tokens=ro.tokens, token_mask=ro.mask,
+                         rewards=ro.rewards)
+  acc = np.asarray(ro.correct).reshape(p, n).mean(axis=1)
+  out = {"accuracy": [j / n for j in range(n + 1)],
+         "groups": [int(np.sum(np.isclose(acc, j / n))) for j in range(n + 1)]}
+  for name in ("grpo", "dr_grpo"):
+    kw = {} if name == "grpo" else {"max_length": trainer.max_new_tokens}
+    adv, _ = O.compute_advantages(O.get_recipe(name, **kw).advantage, batch)
+    cum = np.abs(np.asarray(adv.values)).reshape(p, n).sum(axis=1)
+    out[name] = [float(cum[np.isclose(acc, j / n)].mean()) if np.any(np.isclose(acc, j / n))
+                 else float("nan") for j in range(n + 1)]
+  return out
+
+
+# ---------------------------------------------------------------------------------- running
+def run(args) -> dict:
+  t0 = time.perf_counter()
+  sz = sizes(args.quick)
+  if args.seeds:
+    sz = dataclasses.replace(sz, seeds=args.seeds)
+  os.makedirs(args.out, exist_ok=True)
+  cache = os.path.join(args.out, "cache")
+  base = base_config(sz)
+  seeds = list(range(sz.seeds))
+  spec = arms(sz)
+  cfgs = {name: dict(base, **kw) for name, kw in spec.items()}
+  bar = tqdm(total=sum(c["steps"] for c in cfgs.values()), desc="dars", disable=args.no_progress,
+             dynamic_ncols=True)
+  results = {}
+  for name, cfg in cfgs.items():
+    bar.set_postfix(arm=name)
+    results[name] = rl_seeds.run_arm(cfg, seeds, cache_dir=cache, on_step=bar.update)
+  bar.close()
+  curve_path = os.path.join(cache, f"curve-{rl_seeds.arm_key(base, [0], dataclasses.asdict(sz))}.json")
+  if os.path.exists(curve_path):
+    with open(curve_path) as f:
+      curve = json.load(f)
+  else:
+    curve = cumulative_advantage_curve(rl.make_train(cfgs[f"grpo-n{sz.n}"], log=lambda s: None), sz)
+    with open(curve_path, "w") as f:
+      json.dump(curve, f)
+  summary = summarize(results, curve, sz)
+  command = "python scripts/reproduce.py dars" + (" --quick" if args.quick else "") + (
+      f" --seeds {args.seeds}" if args.seeds else "")
+  report = {"command": command, "sizes": dataclasses.asdict(sz), "configs": cfgs,
+            "seconds": time.perf_counter() - t0, "summary": summary, "curve": curve,
+            "arms": results}
+  with open(os.path.join(args.out, "results.json"), "w") as f:
+    json.dump(report, f, indent=1, default=float)
+  table = render(summary, curve, sz, report)
+  with open(os.path.join(args.out, "table.md"), "w") as f:
+    f.write(table)
+  plot(summary, curve, sz, args.out)
+  print(table)
+  return report
+
+
+def _ks(sz: Sizes) -> list[int]:
+  return [k for k in (1, 4, 16, 64) if k <= sz.eval_samples]
+
+
+def summarize(results: dict, curve: dict, sz: Sizes) -> dict:
+  ks = _ks(sz)
+  keys = [f"pass@{k}" for k in ks] + [f"pass@{k}/d{sz.hardest}" for k in ks]
+  base_name = f"grpo-n{sz.n}"
+  s = {"ks": ks, "keys": keys, "cells": {}, "vs_base": {}, "rescued": {}}
+  first = results[base_name]["evals"][0]["per_seed"]
+  s["start"] = {k: float(np.mean([e[k] for e in first])) for k in keys}
+  for name, arm in results.items():
+    s["cells"][name] = {k: ci(rl_seeds.final_metric(arm, k)) for k in keys}
+    if name != base_name:
+      s["vs_base"][name] = {k: rl_seeds.diff_ci_unpaired(rl_seeds.final_metric(arm, k),
+                                                         rl_seeds.final_metric(results[base_name], k))
+                            for k in keys}
+    tr = arm["train"]
+    if "dars_rescued" in tr:
+      s["rescued"][name] = {"all_wrong_per_step": float(np.mean(tr["dars_all_wrong_stage1"])),
+                            "rescued_per_step": float(np.mean(tr["dars_rescued"]))}
+  kmax = max(ks)
+  big = f"grpo-n{2 * sz.n}"
+  acc = np.asarray(curve["accuracy"])
+  dr = np.asarray(curve["dr_grpo"], np.float64)
+  peak = float(acc[np.nanargmax(dr)]) if np.any(np.isfinite(dr)) else float("nan")
+  s["curve_peak_accuracy"] = peak
+  s["verdicts"] = {
+      "cumulative_advantage_peaks_at_half": (
+          "inconclusive" if np.sum(np.isfinite(dr)) < 3  # too few accuracy levels observed
+          else "reproduced" if abs(peak - 0.5) <= 1 / sz.n else "not reproduced"),
+      # "naive N brings no pass@K gain": reproduced unless its pass@K is clearly higher.
+      "naive_n_no_passk_gain": {"reproduced": "not reproduced", "not reproduced": "reproduced",
+                                "inconclusive": "inconclusive"}[
+          verdict(s["vs_base"][big][f"pass@{kmax}"])] if s["vs_base"][big][f"pass@{kmax}"]["n"] >= 2
+      else "inconclusive",
+      "dars_improves_passk": verdict(s["vs_base"]["dars-et"][f"pass@{kmax}"]),
+      "dars_b_improves_pass1": verdict(s["vs_base"]["dars-b"]["pass@1"]),
+      "dars_b_improves_passk": verdict(s["vs_base"]["dars-b"][f"pass@{kmax}"]),
+  }
+  return s
+
+
+def render(s: dict, curve: dict, sz: Sizes, report: dict) -> str:
+  ks, keys = s["ks"], s["keys"]
+  kmax = max(ks)
+  head = [k.replace(f"/d{sz.hardest}", f" ({sz.hardest}-digit)") for k in keys]
+  lines = ["# DARS / DARS-B at CPU scale", "",
+           f"`{report['command']}`: {sz.seeds} seeds per arm; pass@k from {sz.eval_problems} test "
+           f"problems x {sz.eval_samples} samples; {report['seconds'] / 60:.1f} min on this machine. "
+           "Cells: mean [95% bootstrap CI over seeds]. SFT start: "
+           + ", ".join(f"{h} {s['start'][k]:.3f}" for h, k in zip(head, keys)) + ".", "",
+           "## Final test pass@k", "", "| arm | " + " | ".join(head) + " |",
+           "| --- | " + " | ".join("---" for _ in keys) + " |"]
+  for n, c in s["cells"].items():
+    lines.append(f"| {n} | " + " | ".join(fmt(c[k]) for k in keys) + " |")
+  lines += ["", f"## Minus grpo-n{sz.n}", "", "| arm | " + " | ".join(head) + " |",
+            "| --- | " + " | ".join("---" for _ in keys) + " |"]
+  for n, c in s["vs_base"].items():
+    lines.append(f"| {n} | " + " | ".join(fmt(c[k]) for k in keys) + " |")
+  lines += ["", "## Stage 2: all-wrong prompts rescued (mean per step)", "",
+            "| arm | stage-1 all-wrong prompts | rescued (>= 1 correct in stage 2) |", "| --- | --- | --- |"]
+  for n, r in s["rescued"].items():
+    lines.append(f"| {n} | {r['all_wrong_per_step']:.2f} | {r['rescued_per_step']:.2f} |")
+  lines += ["", f"## Cumulative |advantage| per group vs group accuracy (SFT policy, N={sz.n})", "",
+            "| accuracy | " + " | ".join(f"{a:.3g}" for a in curve["accuracy"]) + " |",
+            "| --- | " + " | ".join("---" for _ in curve["accuracy"]) + " |",
+            "| groups | " + " | ".join(str(g) for g in curve["groups"]) + " |",
+            "| sum abs(A), mean only | " + " | ".join(f"{v:.2f}" for v in curve["dr_grpo"]) + " |",
+            "| sum abs(A), mean and std | " + " | ".join(f"{v:.2f}" for v in curve["grpo"]) + " |"]
+  v = s["verdicts"]
+  lines += ["", "## Paper claims", "", "| claim (paper) | ours | verdict |", "| --- | --- | --- |",
+            f"| cumulative advantage peaks at accuracy 0.5 | peak at {s['curve_peak_accuracy']:.3g} "
+            f"(mean-only advantage) | {v['cumulative_advantage_peaks_at_half']} |",
+            f"| naively larger N gives no pass@{kmax} gain | grpo-n{2 * sz.n}: "
+            f"{fmt(s['vs_base'][f'grpo-n{2 * sz.n}'][f'pass@{kmax}'])} | {v['naive_n_no_passk_gain']} |",
+            f"| DARS improves pass@{kmax} | dars-et: {fmt(s['vs_base']['dars-et'][f'pass@{kmax}'])} | "
+            f"{v['dars_improves_passk']} |",
+            f"| DARS-B improves pass@1 | {fmt(s['vs_base']['dars-b']['pass@1'])} | "
+            f"{v['dars_b_improves_pass1']} |",
+            f"| DARS-B improves pass@{kmax} | {fmt(s['vs_base']['dars-b'][f'pass@{kmax}'])} | "
+            f"{v['dars_b_improves_passk']} |", "",
+            "Rules: an improvement is reproduced when its 95% interval lies above 0, not reproduced "
+            "when below, inconclusive otherwise; \"no gain\" is not reproduced only when the gain's "
+            "interval lies above 0. The peak claim holds when the curve's maximum is within one "
+            "accuracy level (1/N) of 0.5.", ""]
+  return "\n".join(lines)
+
+
+def plot(s: dict, curve: dict, sz: Sizes, out_dir: str) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  ks = s["ks"]
+  fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+  for ax, suffix, title in ((axes[0], "", "all problems"),
+                            (axes[1], f"/d{sz.hardest}", f"{sz.hardest}-digit problems")):
+    for n, c in s["cells"].items():
+      ax.plot(ks, [c[f"pass@{k}{suffix}"]["mean"] for k in ks], "o-", label=n)
+    ax.plot(ks, [s["start"][f"pass@{k}{suffix}"] for k in ks], "k:", label="SFT start")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+  axes[0].set_ylabel("final test pass@k")
+  axes[0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, "passk.png"), dpi=120)
+  plt.close(fig)
+  fig, ax = plt.subplots(figsize=(4.8, 3.4))
+  ax.plot(curve["accuracy"], curve["dr_grpo"], "o-", label="A = r - mean")
+  ax.plot(curve["accuracy"], curve["grpo"], "s--", label="A = (r - mean) / std")
+  ax.set_xlabel("group accuracy")
+  ax.set_ylabel("cumulative |advantage| of the group")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, "cumulative_advantage.png"), dpi=120)
+  plt.close(fig)
