@@ -274,9 +274,32 @@ class CheckpointSource:
     out = self._ckptr.restore(self._state_path(step), args=ocp.args.PyTreeRestore(
         item=abstract, restore_args=restore_args, partial_restore=True))
     values = [out[k] for k in self.keys]
+    self._verify(step, values)
     if self._treedef is not None:
       return jax.tree.unflatten(self._treedef, values)
     return dict(zip(self.keys, values))
+
+  def _verify(self, step: int, values: list) -> None:
+    """Check the loaded leaves against the CRC-32 manifest the run loop's Checkpointer saved
+    (skipped for checkpoints without one, and for leaves split over other processes)."""
+    from rlpost.train import checkpoint as train_ckpt
+
+    path = os.path.join(self.directory, str(int(step)), META_ITEM, "metadata")
+    if not os.path.exists(path):
+      return
+    with open(path) as f:
+      meta = json.load(f)
+    manifest = meta.get(train_ckpt.INTEGRITY_KEY) if isinstance(meta, dict) else None
+    if not manifest:
+      return
+    for k, v in zip(self.keys, values):
+      if not k.isdigit() or int(k) >= len(manifest):
+        continue
+      want = manifest[int(k)].get("crc32")
+      host = train_ckpt.host_copy(v)
+      if want is not None and host is not None and train_ckpt.crc32_of(host) != want:
+        raise train_ckpt.CheckpointError(step, self.directory,
+                                         f"array {k} fails its checksum (corrupted on disk)")
 
   def _declared_param_leaves(self, step: int) -> int | None:
     """The meta item's "param_leaves" (written by rlpost's run loop), if present."""

@@ -39,7 +39,7 @@ class CheckpointError(RuntimeError):
     self.directory = directory
 
 
-def _host_copy(x) -> np.ndarray | None:
+def host_copy(x) -> np.ndarray | None:
   """The full value of a leaf on this host, or None when it is split over other processes."""
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
     if not x.sharding.is_fully_replicated:
@@ -48,7 +48,7 @@ def _host_copy(x) -> np.ndarray | None:
   return np.asarray(jax.device_get(x))
 
 
-def _crc(x: np.ndarray) -> int:
+def crc32_of(x: np.ndarray) -> int:
   return zlib.crc32(np.ascontiguousarray(x).view(np.uint8).reshape(-1).data)
 
 
@@ -56,9 +56,9 @@ def manifest(leaves: list) -> list[dict]:
   """Per leaf: shape, dtype and CRC-32 of the bytes (None for leaves split over processes)."""
   out = []
   for x in leaves:
-    host = _host_copy(x)
+    host = host_copy(x)
     out.append({"shape": list(np.shape(x)), "dtype": str(np.dtype(x.dtype)),
-                "crc32": None if host is None else _crc(host)})
+                "crc32": None if host is None else crc32_of(host)})
   return out
 
 
@@ -150,10 +150,10 @@ class Checkpointer:
 
   def _check_values(self, step: int, expected: list | None, restored: list) -> None:
     for i, x in enumerate(restored):
-      host = _host_copy(x)
+      host = host_copy(x)
       if host is None:
         continue
-      if expected is not None and expected[i]["crc32"] is not None and _crc(host) != expected[i]["crc32"]:
+      if expected is not None and expected[i]["crc32"] is not None and crc32_of(host) != expected[i]["crc32"]:
         raise CheckpointError(step, self.directory, f"array {i:05d} fails its checksum "
                               f"(corrupted on disk)")
       if np.issubdtype(host.dtype, np.inexact) and not np.all(np.isfinite(host)):

@@ -76,6 +76,12 @@ def test_checkpoint_verifies_structure_shapes_checksums_and_finiteness(tmp_path)
   meta_file.write_text(json.dumps(saved))
   with pytest.raises(checkpoint.CheckpointError, match="step 1 .*array 00001 fails its checksum"):
     ck.restore(1, state)
+  # The averaging tools' parameter-only reads check the same manifest.
+  from rlpost.averaging.checkpoints import CheckpointSource
+
+  with CheckpointSource(str(tmp_path / "ck"), keys=["00000", "00001"]) as src:
+    with pytest.raises(checkpoint.CheckpointError, match="step 1 .*array 00001 fails its checksum"):
+      src.load(1)
   # Non-finite values are refused even when the checksum agrees.
   ck.save(2, dict(state, w=state["w"].at[0, 0].set(jnp.nan)), {})
   with pytest.raises(checkpoint.CheckpointError, match="step 2 .*non-finite"):
