@@ -1,0 +1,184 @@
+"""Plain-data configuration of the round-trip experiment: one ``SystemPlan`` per dynamical system.
+
+A plan fixes everything a (system, seed) unit computes: the model and its training budget, the
+depths, which start times of which trajectories are rolled out, the sampler, and which extra
+models (direction specialists, an undertrained model) are trained beside the bidirectional one.
+``full_config()`` is the reported CPU-scale run; ``quick_config()`` the toy size run by the tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+from rlpost.dynamics import model as mdl
+from rlpost.dynamics import rollout as ro
+from rlpost.dynamics import train as tr
+
+# The three systems; "fair": reversible or near-conservative (backward stepping well posed),
+# "stress": dissipative, backward stepping ill posed (see rlpost/dynamics/systems.py).
+ROLES = {"kdv1d": "fair", "ns2d": "fair", "ks1d": "stress"}
+
+# Model kinds trained per (system, seed): the bidirectional model, the two direction specialists
+# at the same number of steps, and an undertrained bidirectional model.
+KINDS = ("bidir", "forward", "backward", "under")
+
+
+@dataclasses.dataclass(frozen=True)
+class SystemPlan:
+  """What one system's units train and evaluate.
+
+  Attributes:
+    name: system name (``rlpost.dynamics.systems``).
+    train: training configuration of the bidirectional model (specialists and the undertrained
+      model change only ``directions`` / ``num_steps``).
+    depths: K rollout depths at which E_i and C_i are measured (max depth D).
+    start_stride: test start times are 0, stride, 2 stride, ... while start + D fits in a
+      trajectory; every test trajectory is rolled out from each of them.
+    ood_start_every: OOD rollouts start at every n-th test start time (the negatives of the OOD
+      AUROC are the test rollouts from the same start times).
+    num_train_traj, num_test_traj, num_ood_traj: leading trajectories of each split used (None:
+      all). Calibrator rollouts start once per training trajectory, cycling over the start times.
+    sampler_steps: Euler sub-steps of the flow per physical step.
+    num_samples: M, stochastic samples per start for the sampling-dispersion baseline.
+    specialists: also train forward-only and backward-only models at the same number of steps.
+    undertrained_steps: steps of the undertrained bidirectional model (0: none).
+  """
+
+  name: str
+  train: tr.TrainConfig
+  depths: tuple[int, ...]
+  start_stride: int
+  ood_start_every: int = 2
+  num_train_traj: int | None = None
+  num_test_traj: int | None = None
+  num_ood_traj: int | None = None
+  sampler_steps: int = 8
+  num_samples: int = 4
+  specialists: bool = False
+  undertrained_steps: int = 0
+
+  @property
+  def role(self) -> str:
+    return ROLES[self.name]
+
+  @property
+  def max_depth(self) -> int:
+    return max(self.depths)
+
+  def kinds(self) -> tuple[str, ...]:
+    out = ["bidir"]
+    if self.specialists:
+      out += ["forward", "backward"]
+    if self.undertrained_steps:
+      out.append("under")
+    return tuple(out)
+
+  def train_config(self, kind: str) -> tr.TrainConfig:
+    """The training configuration of one model kind."""
+    if kind == "bidir":
+      return self.train
+    if kind in ("forward", "backward"):
+      return self.train.replace(directions=kind)
+    if kind == "under":
+      return self.train.replace(num_steps=self.undertrained_steps,
+                                warmup_steps=min(self.train.warmup_steps,
+                                                 self.undertrained_steps // 2))
+    raise ValueError(f"unknown model kind {kind!r}; valid: {KINDS}")
+
+  def deterministic_sampler(self) -> ro.SamplerConfig:
+    """The sampler of every measured rollout: Euler from zero noise, so E_i and C_i are fixed
+    functions of the start state (no single-sample noise in the ranking)."""
+    return ro.SamplerConfig(num_steps=self.sampler_steps, method="euler", init="zero")
+
+  def stochastic_sampler(self) -> ro.SamplerConfig:
+    """The sampler of the dispersion baseline: Euler from Gaussian noise."""
+    return ro.SamplerConfig(num_steps=self.sampler_steps, method="euler", init="noise")
+
+  def fingerprint(self, kind: str) -> str:
+    """Hash of everything a unit of this kind depends on (a cached unit with another is stale)."""
+    items = (self.name, repr(self.train_config(kind)), self.depths, self.start_stride,
+             self.ood_start_every, self.num_train_traj, self.num_test_traj, self.num_ood_traj,
+             self.sampler_steps, self.num_samples, kind, UNIT_VERSION)
+    return hashlib.sha256(repr(items).encode()).hexdigest()[:12]
+
+
+# Bumped when the unit's computation changes, so that cached units are recomputed.
+UNIT_VERSION = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+  """The whole experiment: plans, seeds and the analysis constants.
+
+  coverage: the kept fraction for selective prediction (the paper's 80%).
+  data_seed: the datasets' seed (data is fixed across model seeds).
+  """
+
+  plans: tuple[SystemPlan, ...]
+  seeds: int = 3
+  coverage: float = 0.8
+  data_seed: int = 0
+
+  def plan(self, name: str) -> SystemPlan:
+    for p in self.plans:
+      if p.name == name:
+        return p
+    raise KeyError(name)
+
+
+def _model_1d(**kw) -> mdl.ModelConfig:
+  return mdl.ModelConfig(num_fields=1, spatial_dims=1, **kw)
+
+
+def full_config(seeds: int | None = None) -> ExperimentConfig:
+  """The reported run, budgeted to about 40 minutes on two shared CPU cores (README: timings).
+
+  1D: the default 109k-parameter field model, 1000 steps at batch 64. 2D: a smaller field model
+  (width 24, 3 blocks), 900 steps at batch 16, and fewer rollouts: a 2D step costs about 20
+  times a 1D one on CPU. Latent diffusion (the paper's setting) was tried for 2D and dropped:
+  its autoencoder, at the steps this budget allows, reconstructs vorticity only to 13-19%
+  relative error, a floor shared by E_i and the decoded C_i (README, "Choices").
+  """
+  kdv = SystemPlan(
+      name="kdv1d",
+      train=tr.TrainConfig(model=_model_1d(), num_steps=1000, batch_size=64),
+      depths=(1, 2, 4, 8, 16), start_stride=3, sampler_steps=4,
+      specialists=True, undertrained_steps=60)
+  ks = SystemPlan(
+      name="ks1d",
+      train=tr.TrainConfig(model=_model_1d(), num_steps=1000, batch_size=64),
+      depths=(1, 2, 4, 8, 16), start_stride=3, sampler_steps=4)
+  ns = SystemPlan(
+      name="ns2d",
+      train=tr.TrainConfig(model=mdl.ModelConfig(num_fields=1, spatial_dims=2, width=24,
+                                                 num_blocks=3),
+                           num_steps=900, batch_size=16),
+      depths=(1, 2, 4, 8), start_stride=8, sampler_steps=4, num_samples=4,
+      num_train_traj=32, num_test_traj=16, num_ood_traj=16)
+  return ExperimentConfig(plans=(kdv, ks, ns), seeds=3 if seeds is None else seeds)
+
+
+def quick_config(seeds: int | None = None) -> ExperimentConfig:
+  """Toy size: every code path, tiny models, a few trajectories (well under a minute).
+
+  The training, test and OOD window counts are equal, so each rollout function compiles once
+  per system (compilation dominates at this size).
+  """
+  tiny = dict(width=8, num_blocks=1, embed_dim=8)
+
+  def plan(name, model, **kw):
+    base = dict(depths=(1, 2, 4), start_stride=6, ood_start_every=2, num_train_traj=36,
+                num_test_traj=6, num_ood_traj=12, sampler_steps=2, num_samples=2)
+    base.update(kw)
+    return SystemPlan(name=name, train=tr.TrainConfig(model=model, num_steps=12, batch_size=8,
+                                                      warmup_steps=2, ae_steps=4,
+                                                      ae_batch_size=4, log_every=4), **base)
+
+  return ExperimentConfig(plans=(
+      plan("kdv1d", _model_1d(**tiny), specialists=True, undertrained_steps=3),
+      plan("ks1d", _model_1d(**tiny)),
+      plan("ns2d", mdl.ModelConfig(num_fields=1, spatial_dims=2, latent=True, latent_channels=2,
+                                   ae_width=4, **tiny), depths=(1, 2), start_stride=19,
+           num_train_traj=8, num_test_traj=4, num_ood_traj=8),
+  ), seeds=2 if seeds is None else seeds)
