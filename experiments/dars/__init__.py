@@ -60,10 +60,7 @@ class Sizes:
 def sizes(quick: bool) -> Sizes:
   if not quick:
     return Sizes()
-  tiny = dict(num_train=200, num_test=40, sft_steps=10, sft_batch_size=32, eval_batch=64,
-              task_spec=dict(min_digits=1, max_digits=2, terms=2),
-              model=dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                         intermediate_size=64))
+  tiny = dict(rl_seeds.QUICK_BASE)
   return Sizes(seeds=2, steps=4, num_prompts=4, n=4, breadth=2, eval_every=4, eval_problems=8,
                eval_samples=8, hardest=2, curve_prompts=16, base=tiny)
 

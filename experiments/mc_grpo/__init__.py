@@ -38,7 +38,6 @@ from tqdm.auto import tqdm
 from experiments import rl_seeds
 from experiments.averaging.report import ci, fmt, signed, verdict
 from rlpost import objectives as O
-from rlpost.eval.metrics import mean_ci
 from rlpost.tasks import arithmetic
 from rlpost.train import rl
 
@@ -69,10 +68,7 @@ class Sizes:
 def sizes(quick: bool) -> Sizes:
   if not quick:
     return Sizes()
-  tiny = dict(num_train=200, num_test=40, sft_steps=10, sft_batch_size=32, num_prompts=4,
-              task_spec=dict(min_digits=1, max_digits=2, terms=2), eval_batch=32,
-              model=dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                         intermediate_size=64))
+  tiny = dict(rl_seeds.QUICK_BASE, num_prompts=4, eval_batch=32)
   return Sizes(seeds=2, steps=3, group_sizes=(2, 4), flip_probs=(0.3,), flip_group=4,
                eval_every=3, eval_problems=8, eval_samples=4, flip_prompts=8, flip_reference=8,
                flip_draws=4, base=tiny)

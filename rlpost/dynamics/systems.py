@@ -30,6 +30,7 @@ steps per frame differ by 1e-5 after one frame.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import hashlib
 
@@ -39,7 +40,7 @@ from rlpost.dynamics import solvers
 
 
 @dataclasses.dataclass(frozen=True)
-class System:
+class System(abc.ABC):
   """A dynamical system and its trajectory distribution.
 
   Attributes:
@@ -88,6 +89,7 @@ class System:
     return hashlib.sha256(repr(items).encode()).hexdigest()[:8]
 
   # Subclasses: the equation and the initial conditions.
+  @abc.abstractmethod
   def _terms(self, ood: bool):
     """``(L, N)`` of the equation (``solvers.*_terms``) for the in-distribution or OOD variant."""
     raise NotImplementedError
@@ -96,6 +98,7 @@ class System:
     """The integrator for one solver step of size ``h``."""
     return solvers.etdrk4(lin, nonlin, h)
 
+  @abc.abstractmethod
   def _draw_initial(self, rng: np.random.Generator, ood: bool) -> np.ndarray:
     """One initial condition, float64 [*S] (a single field), drawn from ``rng``."""
     raise NotImplementedError
