@@ -225,6 +225,17 @@ def _dense(cfg: TransformerConfig, din: int, dout: int, bias: bool, rngs: nnx.Rn
                     bias_init=nnx.initializers.zeros, rngs=rngs)
 
 
+def _linear(layer: nnx.Linear, x: jax.Array) -> jax.Array:
+  """``layer(x)`` with the leading dimensions flattened: [..., din] -> [..., dout].
+
+  A rank-2 matmul differentiates into rank-2 matmuls. With [B, T, din] inputs, XLA:CPU
+  computes the kernel gradient sum_{b,t} x[b,t,:]^T dy[b,t,:] by first copying dy, and
+  everything fused into it (the SwiGLU gradient), into a transposed layout: a strided loop
+  that cost ~3x the model's whole forward pass (BENCHMARKS.md, "Train").
+  """
+  return layer(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
+
+
 class Attention(nnx.Module):
   """Grouped-query self-attention with RoPE and an explicit KV cache."""
 
@@ -241,11 +252,11 @@ class Attention(nnx.Module):
     cfg = self.cfg
     b, t, _ = x.shape
     h, k_heads, d = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
-    q = rope(self.q_proj(x).reshape(b, t, h, d), positions, cfg.rope_theta, cfg.rope_scaling,
-             tables=rope_cs)
-    k = rope(self.k_proj(x).reshape(b, t, k_heads, d), positions, cfg.rope_theta,
+    q = rope(_linear(self.q_proj, x).reshape(b, t, h, d), positions, cfg.rope_theta,
              cfg.rope_scaling, tables=rope_cs)
-    v = self.v_proj(x).reshape(b, t, k_heads, d)
+    k = rope(_linear(self.k_proj, x).reshape(b, t, k_heads, d), positions, cfg.rope_theta,
+             cfg.rope_scaling, tables=rope_cs)
+    v = _linear(self.v_proj, x).reshape(b, t, k_heads, d)
     k = k.transpose(0, 2, 3, 1)  # [B, K, D, T]
     v = v.transpose(0, 2, 1, 3)  # [B, K, T, D]
     if cache is not None:
@@ -265,7 +276,7 @@ class Attention(nnx.Module):
     probs = probs.reshape(b, k_heads, (h // k_heads) * t, -1)
     out = jnp.einsum("bkqs,bksd->bkqd", probs, v)  # [B, K, G*T, D]
     out = out.reshape(b, k_heads, h // k_heads, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h * d)
-    return self.o_proj(out), cache
+    return _linear(self.o_proj, out), cache
 
 
 class MLP(nnx.Module):
@@ -277,7 +288,8 @@ class MLP(nnx.Module):
     self.down_proj = _dense(cfg, cfg.intermediate_size, cfg.hidden_size, False, rngs)
 
   def __call__(self, x):
-    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+    gate, up = _linear(self.gate_proj, x), _linear(self.up_proj, x)
+    return _linear(self.down_proj, jax.nn.silu(gate) * up)
 
 
 class Block(nnx.Module):
@@ -333,9 +345,9 @@ class Transformer(nnx.Module):
   def logits(self, h: jax.Array) -> jax.Array:
     """LM-head logits in float32: [..., E] -> [..., V]."""
     if self.cfg.tie_embeddings:
-      out = self.embed.attend(h)
+      out = self.embed.attend(h.reshape(-1, h.shape[-1])).reshape(*h.shape[:-1], -1)
     else:
-      out = self.lm_head(h)
+      out = _linear(self.lm_head, h)
     return out.astype(jnp.float32)
 
   def __call__(self, tokens, positions, attn_mask, cache: KVCache | None = None, cache_index=0):
