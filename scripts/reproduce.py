@@ -3,10 +3,14 @@
     python scripts/reproduce.py averaging            # full run (experiments/averaging/README.md)
     python scripts/reproduce.py averaging --quick    # toy size, seconds
     python scripts/reproduce.py averaging --seeds 5 --out /tmp/avg
+    python scripts/reproduce.py mc_grpo --sync-docs  # docstring results block from results/
 
 Each entry of ``EXPERIMENTS`` names a module with ``run(args)``; ``args`` carries ``quick``,
 ``seeds`` (None: the experiment's default), ``out`` (None: ``results/<name>``) and
 ``no_progress``. Adding an experiment is one line here.
+
+For the experiments in ``DOC_SYNCED``, a full run into the default ``results/<name>`` also
+rewrites the results block at the end of the module's docstring (``experiments/docsync.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ EXPERIMENTS = {
     "dars": "experiments.dars",
 }
 
+# Experiments whose module docstring carries their paper-claims table (experiments/docsync.py).
+DOC_SYNCED = ("mc_grpo", "ace", "dars")
+
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__,
@@ -37,13 +44,27 @@ def main(argv=None):
   ap.add_argument("--seeds", type=int, help="seeds per setting (default: the experiment's)")
   ap.add_argument("--out", help="output directory (default: results/<experiment>)")
   ap.add_argument("--no-progress", action="store_true")
+  ap.add_argument("--sync-docs", action="store_true",
+                  help="only rewrite the module docstring's results block from results/<name>")
   args = ap.parse_args(argv)
+  from experiments import docsync
+
+  if args.sync_docs:
+    if args.experiment not in DOC_SYNCED:
+      ap.error(f"{args.experiment} has no generated docstring block (those that do: {DOC_SYNCED})")
+    changed = docsync.sync(args.experiment)
+    print(f"{docsync.module_path(args.experiment)}: {'updated' if changed else 'up to date'}")
+    return None
+  default_out = args.out is None
   if args.seeds is not None and args.seeds < 1:
     ap.error("--seeds must be >= 1")
   if args.out is None:
     args.out = os.path.join("results", args.experiment + ("_quick" if args.quick else ""))
   module = importlib.import_module(EXPERIMENTS[args.experiment])
-  return module.run(args)
+  result = module.run(args)
+  if default_out and not args.quick and args.experiment in DOC_SYNCED:
+    docsync.sync(args.experiment)
+  return result
 
 
 if __name__ == "__main__":
