@@ -249,10 +249,10 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens: jax.Array,
   causal = jnp.tril(jnp.ones((tp, tp), bool))
   attn = causal[None] & prompt_mask[:, None, :]  # [B, Tp, Tp]
   positions = tfm.positions_from_mask(prompt_mask)
-  h, cache = model.hidden(prompt_tokens, positions, attn, cache, 0)
   # Logits of the last valid prompt token of each row (any padding layout).
   last = tp - 1 - jnp.argmax(prompt_mask[:, ::-1], axis=-1)
-  logits = model.logits(jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0])  # [B, V]
+  h, cache = model.hidden(prompt_tokens, positions, attn, cache, 0, select=last[:, None])
+  logits = model.logits(h[:, 0])  # [B, V]
   next_pos = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)  # position of token 0
 
   stop = jnp.asarray(cfg.stop_tokens if cfg.stop_tokens else (-1,), jnp.int32)

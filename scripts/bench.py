@@ -54,6 +54,8 @@ from flax import nnx  # noqa: E402
 
 from rlpost import sampling  # noqa: E402
 from rlpost.models import transformer as tfm  # noqa: E402
+from scripts.benchmarks import scaling as bench_scaling  # noqa: E402
+from scripts.benchmarks import train as bench_train  # noqa: E402
 
 # ------------------------------------------------------------------------------------------
 # Models
@@ -520,51 +522,11 @@ def run_ablate(args) -> dict:
 # CLI
 # ------------------------------------------------------------------------------------------
 
-# ------------------------------------------------------------------------------------------
-# train: one RL step's time split (sampling / scoring / update) and the fused step
-# ------------------------------------------------------------------------------------------
-
-
-def add_train_args(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--quick", action="store_true", help="toy model and batch (seconds)")
-  p.add_argument("--recipe", default="grpo")
-  p.add_argument("--prompts", type=int, default=16)
-  p.add_argument("--group-size", type=int, default=8)
-  p.add_argument("--repeats", type=int, default=5)
-  p.add_argument("--cache-dir", default=None, help="SFT policy cache (default: the trainer's)")
-
-
-def run_train(args) -> dict:
-  """Median time of each part of one GRPO step on the quickstart's task and policy."""
-  from rlpost.train import profile, rl
-
-  cfg = dict(recipe=args.recipe, num_prompts=args.prompts, group_size=args.group_size,
-             task_spec=dict(min_digits=1, max_digits=4, terms=2), sft_steps=500)
-  if args.quick:
-    cfg.update(num_train=200, num_test=40, sft_steps=10, sft_batch_size=32, num_prompts=4,
-               group_size=4, task_spec=dict(min_digits=1, max_digits=2),
-               model=dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                          intermediate_size=64))
-  if args.cache_dir:
-    cfg["cache_dir"] = args.cache_dir
-  trainer = rl.make_train(cfg, log=lambda s: None)
-  split = profile.time_split(trainer, repeats=2 if args.quick else args.repeats)
-  parts = ("sample", "score", "update")
-  total = sum(split[f"{k}_s"] for k in parts)
-  print(f"one {args.recipe} step: {split['rollouts']} rollouts, {split['completion_tokens']} "
-        f"completion tokens, policy {trainer.model_cfg.num_params() / 1e6:.2f}M parameters")
-  print("| part | median ms | spread ms | share of parts |")
-  print("|---|---:|---:|---:|")
-  for k in parts + ("fused_step",):
-    share = f"{split[f'{k}_s'] / total:.0%}" if k in parts else "-"
-    print(f"| {k} | {split[f'{k}_s'] * 1e3:.1f} | {split[f'{k}_spread_s'] * 1e3:.1f} | {share} |")
-  return {"benchmark": "train", "settings": {"recipe": args.recipe, "quick": bool(args.quick),
-                                             "config": cfg}, "results": split}
-
-
 COMMANDS = {
-    "train": (add_train_args, run_train,
-              "one RL step's time split: sampling, scoring, update, and the fused step"),
+    "train": (bench_train.add_args, bench_train.run,
+              "one GRPO step vs TRL GRPOTrainer, and the step's time split"),
+    "scaling": (bench_scaling.add_args, bench_scaling.run,
+                "step time vs batch, sequence length and model size; compilations per shape"),
     "sampler": (add_sampler_args, run_sampler,
                 "decode tokens/s vs transformers generate, and fraction of matmul peak"),
     "ablate": (add_ablate_args, run_ablate,

@@ -1,4 +1,4 @@
-"""scripts/bench.py: the sampler benchmark runs at toy size and writes the documented JSON.
+"""scripts/bench.py: every benchmark runs at toy size and writes the documented JSON.
 
 No timing assertions: the numbers depend on the machine and its load."""
 
@@ -74,14 +74,53 @@ def test_flop_formula_by_hand():
   assert bench.generation_flops(cfg, 5, tp, n) == 5 * expect
 
 
-def test_train_time_split_quick(tmp_path):
-  out = tmp_path / "train.json"
-  proc = subprocess.run([sys.executable, "scripts/bench.py", "train", "--quick", "--cache-dir",
-                         str(tmp_path / "cache"), "--out", str(out)],
+HAVE_TRL = HAVE_BASELINE and importlib.util.find_spec("trl") is not None
+
+
+def _run_bench(tmp_path, *args):
+  out = tmp_path / "bench.json"
+  proc = subprocess.run([sys.executable, "scripts/bench.py", *args, "--out", str(out)],
                         cwd=ROOT, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-4000:]
-  data = json.loads(out.read_text())
+  return json.loads(out.read_text()), proc.stdout
+
+
+def test_train_vs_trl_quick(tmp_path):
+  data, stdout = _run_bench(tmp_path, "train", "--quick", "--data-dir", str(tmp_path / "data"))
   assert data["benchmark"] == "train"
-  for k in ("sample_s", "score_s", "update_s", "fused_step_s"):
-    assert data["results"][k] > 0
-  assert "| update |" in proc.stdout
+  rows = data["results"]
+  assert [r["beta"] for r in rows] == data["settings"]["betas"] == [0.0, 0.04]
+  for r in rows:
+    assert r["compilations"] == 1
+    ours = r["rlpost"]
+    assert len(ours["seconds"]) == data["settings"]["repeats"]
+    assert ours["min_s"] <= ours["median_s"] <= ours["max_s"]
+    for k in ("sample_s", "score_s", "update_s", "fused_step_s"):
+      assert r["split"][k] > 0
+    if HAVE_TRL:
+      theirs = r["trl"]
+      assert len(theirs["seconds"]) == len(ours["seconds"])
+      assert r["ratio"] == pytest.approx(theirs["median_s"] / ours["median_s"])
+      assert set(theirs["split"]) == {"generate_s", "score_and_ref_s", "update_s"}
+      assert theirs["split"]["generate_s"] > 0
+    else:
+      assert r["trl"] is None and r["ratio"] is None
+  assert "| beta | rlpost ms/step" in stdout
+
+
+def test_scaling_quick(tmp_path):
+  data, stdout = _run_bench(tmp_path, "scaling", "--quick", "--data-dir", str(tmp_path / "data"))
+  rows = data["results"]
+  sweeps = {r["sweep"] for r in rows}
+  assert sweeps == {"batch", "sequence", "model"}
+  for r in rows:
+    assert r["median_s"] > 0 and r["tokens"] == r["rollouts"] * (r["prompt_len"] + r["new_tokens"])
+    # One compilation of the fused step per distinct shape, none in later steps.
+    assert r["compiles_later"] == 0 and r["step_traces"] == 1
+  assert [r["rollouts"] for r in rows if r["sweep"] == "batch"] == [4, 8]
+  assert [r["new_tokens"] for r in rows if r["sweep"] == "sequence"] == [4, 8]
+  first = {s: next(r for r in rows if r["sweep"] == s) for s in sweeps}
+  assert all(first[s]["vs_linear"] == pytest.approx(1.0) for s in sweeps)
+  comp = data["compilations"]
+  assert comp["compilations_after_first"] == 0 and comp["compilations_per_step"][0] >= 1
+  assert "| sweep | rollouts |" in stdout

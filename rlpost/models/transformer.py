@@ -322,8 +322,12 @@ class Transformer(nnx.Module):
       self.lm_head = _dense(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)
 
   def hidden(self, tokens, positions, attn_mask, cache: KVCache | None = None, cache_index=0,
-             rope_cs: tuple[jax.Array, jax.Array] | None = None):
+             rope_cs: tuple[jax.Array, jax.Array] | None = None, select: jax.Array | None = None):
     """Final-norm hidden states [B, T, E] and the updated cache.
+
+    ``select``: optionally slots [B, N] int32; then only those positions are normed and
+    returned, [B, N, E] (what a caller that scores N tokens per row needs; the final norm is
+    per position, so this equals gathering the full result).
 
     ``rope_cs``: optionally ``rope_tables(positions, head_dim, rope_theta, rope_scaling)``,
     e.g. gathered from a table that a decode loop computed once before the loop. Otherwise
@@ -340,6 +344,8 @@ class Transformer(nnx.Module):
       x, c = layer(x, positions, attn_mask, None if cache is None else cache[i], cache_index,
                    rope_cs)
       new_cache.append(c)
+    if select is not None:
+      x = jnp.take_along_axis(x, select[..., None], axis=1)
     return self.final_norm(x), (None if cache is None else tuple(new_cache))
 
   def logits(self, h: jax.Array) -> jax.Array:
@@ -407,11 +413,11 @@ def completion_logprobs(model: Transformer, prompt_tokens: jax.Array, prompt_mas
   tp, n = prompt_tokens.shape[1], completion_tokens.shape[1]
   tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1)
   mask = jnp.concatenate([prompt_mask.astype(bool), completion_mask.astype(bool)], axis=1)
-  h, _ = model.hidden(tokens, positions_from_mask(mask), causal_padding_mask(mask))
   last = tp - 1 - jnp.argmax(prompt_mask[:, ::-1].astype(bool), axis=-1)  # [B]
   follow = jnp.broadcast_to(tp + jnp.arange(n - 1), (tokens.shape[0], n - 1))
   slots = jnp.concatenate([last[:, None], follow], axis=1)  # [B, N]
-  logits = model.logits(jnp.take_along_axis(h, slots[..., None], axis=1))  # [B, N, V]
+  h, _ = model.hidden(tokens, positions_from_mask(mask), causal_padding_mask(mask), select=slots)
+  logits = model.logits(h)  # [B, N, V]
   logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), completion_tokens[..., None],
                              axis=-1)[..., 0]
   logp = jnp.where(completion_mask, logp, 0.0)

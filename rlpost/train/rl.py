@@ -284,9 +284,11 @@ class Trainer:
     rest = [sharding.put(x, replicated) for x in
             (jax.random.key_data(jax.random.key(self.cfg.seed)), jnp.int32(0), jnp.int32(0))]
     opt_state = jax.jit(self.optimizer.init)(params)  # moments follow the parameters' sharding
+    # Placed explicitly (committed), as the step's outputs are: jit keys its cache on
+    # committed-ness, so uncommitted moments would compile the step a second time at step 2.
     opt_state = jax.tree.map(
-        lambda x: x if len(x.sharding.device_set) == len(self.mesh.devices.flat)
-        else sharding.put(x, replicated), opt_state)
+        lambda x: sharding.put(x, x.sharding if len(x.sharding.device_set) == len(
+            self.mesh.devices.flat) else replicated), opt_state)
     return RLState(params, opt_state, *rest)
 
   def step(self, state: RLState):

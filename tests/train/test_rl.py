@@ -29,6 +29,12 @@ def tiny(dirs, **kw):
   return rl.make_train(cfg, log=lambda s: None)
 
 
+_COMPILES = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, *_, **__: _COMPILES.append(event)
+    if event == "/jax/core/compile/backend_compile_duration" else None)
+
+
 RECIPES = [
     ("grpo", {}, 4), ("dr_grpo", {}, 4), ("dapo", {}, 4), ("gspo", {}, 4), ("gspo_token", {}, 4),
     ("pnpo", {}, 4), ("rloo", {}, 4), ("mc_grpo", {}, 5), ("mc_grpo", {"base": "dapo"}, 5),
@@ -42,11 +48,14 @@ def test_every_recipe_trains_without_nan_or_recompilation(dirs, recipe, args, g)
   state = tr.init_state()
   p0 = jax.tree.leaves(state.params)[0]
   for i in range(3):
+    before = len(_COMPILES)
     state, m = tr.step(state)
     m = jax.device_get(m)
     rl.raise_if_bad(m, i + 1)
     for k, v in m.items():
       assert np.isfinite(v), (k, v)
+    if i > 0:  # one XLA compilation at step 1, none after (the state's placement is stable)
+      assert len(_COMPILES) == before, f"step {i + 1} compiled again"
   assert tr.num_traces == 1
   assert int(state.step) == 3 and int(state.cursor) == 12
   changed = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.params),

@@ -1,0 +1,252 @@
+"""``bench.py train``: one GRPO step of rlpost against TRL's ``GRPOTrainer``, and its time split.
+
+Both sides train the same random-weight Qwen2-style policy (rlpost's weights exported with
+``rlpost.models.hf.save_pretrained`` and loaded by ``transformers``) on the same arithmetic
+prompts, with the same character vocabulary (a ``tokenizers`` WordLevel copy of
+``rlpost.tasks.tokenizer.CharTokenizer``), the same reward (the graded arithmetic reward: rlpost
+scores it in JAX inside the step, TRL calls ``rlpost.tasks.arithmetic.reference_reward``, the
+Python oracle the JAX reward is tested against), and the same hyperparameters: P prompts x G
+completions, at most N new tokens at temperature 1, one optimizer step of AdamW (lr 1e-4, no
+weight decay, gradient clip 1.0), PPO clip 0.2, KL coefficient beta (0 and 0.04 by default).
+
+A step is rollout + scoring + reference log-probs (beta > 0) + update. The two alternate: a
+TRL callback runs one rlpost step after each TRL step, outside TRL's timed window. The first
+step of each (compilation, allocator warm-up) is dropped; the table gives medians and the
+min-max spread. With random weights both samplers run until every row has met EOS or N tokens,
+so the decode length is set by the slowest row on both sides.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+# The policy: the sampler benchmark's 1m model on the character vocabulary (0.81M parameters).
+POLICY = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384,
+              qkv_bias=True, tie_embeddings=True)
+TOY_POLICY = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                  intermediate_size=64, qkv_bias=True, tie_embeddings=True)
+
+
+def add_args(p) -> None:
+  p.add_argument("--quick", action="store_true", help="toy model and batch (seconds)")
+  p.add_argument("--prompts", type=int, default=16)
+  p.add_argument("--group-size", type=int, default=8)
+  p.add_argument("--new-tokens", type=int, default=64)
+  p.add_argument("--betas", default="0,0.04", help="KL coefficients to measure (comma list)")
+  p.add_argument("--repeats", type=int, default=5, help="timed steps per side and beta")
+  p.add_argument("--no-trl", action="store_true", help="skip the TRL baseline")
+  p.add_argument("--torch-threads", type=int, default=0, help="0: os.cpu_count()")
+  p.add_argument("--data-dir", default=None, help="task data directory (default: the trainer's)")
+
+
+def _config(args, beta: float) -> dict:
+  cfg = dict(task="arithmetic", graded_reward=True, sft_steps=0, recipe="grpo",
+             recipe_args={"kl_coef": beta}, num_prompts=args.prompts, group_size=args.group_size,
+             max_new_tokens=args.new_tokens, temperature=1.0, lr=1e-4, weight_decay=0.0,
+             grad_clip=1.0, model=dict(POLICY), num_train=2000, num_test=100)
+  if args.quick:
+    cfg.update(model=dict(TOY_POLICY), num_train=200, num_test=40)
+  if args.data_dir:
+    cfg["data_dir"] = args.data_dir
+  return cfg
+
+
+def char_tokenizer_for_hf():
+  """A ``transformers`` fast tokenizer with exactly ``CharTokenizer``'s ids (one per char)."""
+  import tokenizers
+  import transformers
+  from tokenizers import decoders, models, pre_tokenizers
+
+  from rlpost.tasks.tokenizer import ALPHABET
+
+  vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(ALPHABET)}}
+  backend = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+  backend.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+  backend.decoder = decoders.Fuse()
+  backend.add_special_tokens(["<pad>", "<s>", "</s>"])
+  return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>",
+                                              bos_token="<s>", eos_token="</s>")
+
+
+class _Interleave:
+  """TRL callback: times each TRL step, then runs (and times) one rlpost step."""
+
+  def __init__(self, rlpost_step):
+    import transformers
+
+    self.rlpost_step = rlpost_step
+    self.trl, self.ours = [], []
+    self.t0 = 0.0
+    self.callback = type("Interleave", (transformers.TrainerCallback,), {
+        "on_step_begin": lambda cb, *a, **k: self._begin(),
+        "on_step_end": lambda cb, *a, **k: self._end()})()
+
+  def _begin(self):
+    self.t0 = time.perf_counter()
+
+  def _end(self):
+    self.trl.append(time.perf_counter() - self.t0)
+    self.ours.append(self.rlpost_step())
+
+
+def _trl_trainer(trainer, workdir: str, beta: float, args, steps: int, callback):
+  """TRL GRPOTrainer on an exported copy of the rlpost trainer's initial policy."""
+  import datasets
+  import torch
+  import transformers
+  import trl
+
+  from rlpost.models import hf
+  from rlpost.tasks import arithmetic
+
+  transformers.utils.logging.set_verbosity_error()
+  transformers.utils.logging.disable_progress_bar()
+  datasets.disable_progress_bars()
+  path = hf.save_pretrained(trainer.model, Path(workdir) / f"policy-{beta}", architecture="qwen2",
+                            overwrite=True)
+  rows = trainer.rows["train"][: args.prompts * (steps + 1)]
+  data = datasets.Dataset.from_list([{"prompt": "<s>" + r["prompt"], "answer": r["answer"]}
+                                     for r in rows])
+  n_max = trainer.max_new_tokens
+
+  def reward(prompts, completions, completion_ids, answer, **_):
+    del prompts
+    return [arithmetic.reference_reward(c, len(ids) < n_max or ids[-1] == 2, a, graded=True)
+            for c, ids, a in zip(completions, completion_ids, answer)]
+
+  config = trl.GRPOConfig(
+      output_dir=str(Path(workdir) / f"trl-{beta}"), use_cpu=True, report_to="none",
+      save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0,
+      per_device_train_batch_size=args.prompts * args.group_size,
+      num_generations=args.group_size, max_completion_length=n_max, temperature=1.0,
+      top_p=1.0, learning_rate=1e-4, lr_scheduler_type="constant", weight_decay=0.0,
+      max_grad_norm=1.0, beta=beta, epsilon=0.2, num_iterations=1, loss_type="grpo",
+      max_steps=steps, dataloader_num_workers=0)
+  model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+  out = trl.GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data,
+                        processing_class=char_tokenizer_for_hf(), callbacks=[callback])
+  out.remove_callback(transformers.PrinterCallback)  # the end-of-training summary line
+  # TRL's own split: generation, and generation + scoring + reference/old log-probs +
+  # advantages; the rest of its step is the loss forward, backward and optimizer step.
+  out.timings = {"generate": [], "generate_and_score": []}
+  for name, attr in (("generate", "_generate"),
+                     ("generate_and_score", "_generate_and_score_completions")):
+    setattr(out, attr, _timed(getattr(out, attr), out.timings[name]))
+  return out
+
+
+def _timed(fn, sink: list):
+  def wrapper(*args, **kwargs):
+    t0 = time.perf_counter()
+    result = fn(*args, **kwargs)
+    sink.append(time.perf_counter() - t0)
+    return result
+  return wrapper
+
+
+def _stats(times: list[float]) -> dict:
+  med = statistics.median(times)
+  return {"median_s": med, "min_s": min(times), "max_s": max(times),
+          "spread": (max(times) - min(times)) / med, "seconds": times}
+
+
+def run(args) -> dict:
+  from rlpost.train import profile, rl
+
+  repeats = 2 if args.quick else args.repeats
+  if args.quick:
+    args.prompts, args.group_size, args.new_tokens = 4, 4, 8
+  betas = [float(b) for b in args.betas.split(",")]
+  have_trl = not args.no_trl
+  if have_trl:
+    try:
+      import torch
+      import trl  # noqa: F401
+      torch.set_num_threads(args.torch_threads or os.cpu_count())
+    except ImportError as e:
+      print(f"TRL baseline skipped: {e}", flush=True)
+      have_trl = False
+  workdir = tempfile.mkdtemp(prefix="rlpost_bench_train_")
+  results = []
+  for beta in betas:
+    trainer = rl.make_train(_config(args, beta), log=lambda s: None)
+    state = [trainer.init_state()]
+    lengths = []
+
+    def rlpost_step():
+      t0 = time.perf_counter()
+      state[0], metrics = trainer.step(state[0])
+      jax.block_until_ready((state[0], metrics))
+      lengths.append(float(metrics["response_length"]))
+      return time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    rlpost_step()  # compile
+    compile_s = time.perf_counter() - t0
+    row = {"beta": beta, "params": trainer.model_cfg.num_params(), "compile_s": compile_s}
+    if have_trl:
+      inter = _Interleave(rlpost_step)
+      trl_trainer = _trl_trainer(trainer, workdir, beta, args, repeats + 1, inter.callback)
+      trl_trainer.train()
+      ours, theirs = inter.ours[1:], inter.trl[1:]
+      row["trl"] = _stats(theirs)
+      row["trl"]["torch_threads"] = torch.get_num_threads()
+      gen = trl_trainer.timings["generate"][1:]
+      prep = trl_trainer.timings["generate_and_score"][1:]
+      row["trl"]["split"] = {
+          "generate_s": statistics.median(gen), "score_and_ref_s": statistics.median(
+              [p - g for p, g in zip(prep, gen)]),
+          "update_s": statistics.median([t - p for t, p in zip(theirs, prep)])}
+    else:
+      ours = [rlpost_step() for _ in range(repeats)]
+      row["trl"] = None
+    row["rlpost"] = _stats(ours)
+    row["rlpost"]["mean_response_length"] = float(np.mean(lengths))
+    row["ratio"] = row["trl"]["median_s"] / row["rlpost"]["median_s"] if have_trl else None
+    row["compilations"] = trainer.num_traces
+    # The time split of the rlpost step (each part compiled on its own; see profile.py).
+    row["split"] = profile.time_split(trainer, state[0], repeats=repeats)
+    results.append(row)
+    _print_row(row, args)
+  print()
+  print(format_table(results))
+  return {"benchmark": "train",
+          "settings": {"quick": bool(args.quick), "prompts": args.prompts,
+                       "group_size": args.group_size, "new_tokens": args.new_tokens,
+                       "repeats": repeats, "betas": betas, "config": _config(args, betas[0]),
+                       "order": "alternating TRL step, rlpost step; first of each dropped"},
+          "results": results}
+
+
+def _print_row(row: dict, args) -> None:
+  trl_s = f"{row['trl']['median_s']:.3f} s" if row["trl"] else "-"
+  print(f"beta {row['beta']}: rlpost {row['rlpost']['median_s'] * 1e3:.1f} ms/step, TRL {trl_s}, "
+        f"{args.prompts}x{args.group_size} rollouts, mean completion "
+        f"{row['rlpost']['mean_response_length']:.1f} tokens, compilations "
+        f"{row['compilations']}", flush=True)
+
+
+def format_table(rows: list[dict]) -> str:
+  lines = ["| beta | rlpost ms/step (spread) | TRL ms/step (spread) | TRL / rlpost | "
+           "rlpost sample / score / update / fused | TRL generate / score+ref / update |",
+           "|---:|---:|---:|---:|---:|---:|"]
+  for r in rows:
+    ours = f"{r['rlpost']['median_s'] * 1e3:,.1f} ({r['rlpost']['spread']:.0%})"
+    theirs = (f"{r['trl']['median_s'] * 1e3:,.0f} ({r['trl']['spread']:.0%})" if r["trl"]
+              else "-")
+    ratio = f"{r['ratio']:.1f}x" if r["ratio"] else "-"
+    s = r["split"]
+    parts = " / ".join(f"{s[k + '_s'] * 1e3:.0f}" for k in ("sample", "score", "update",
+                                                             "fused_step"))
+    trl_parts = (" / ".join(f"{v * 1e3:.0f}" for v in r["trl"]["split"].values())
+                 if r["trl"] else "-")
+    lines.append(f"| {r['beta']} | {ours} | {theirs} | {ratio} | {parts} | {trl_parts} |")
+  lines.append("(split columns in ms; rlpost's parts are each compiled on their own)")
+  return "\n".join(lines)
