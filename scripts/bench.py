@@ -3,6 +3,14 @@
   python scripts/bench.py sampler --out results.json    # decode throughput vs transformers
   python scripts/bench.py sampler --quick --out q.json  # toy size, seconds (used by the tests)
   python scripts/bench.py ablate --out ablate.json      # each sampler optimisation switched off
+  python scripts/bench.py train --out train.json        # one GRPO step vs TRL GRPOTrainer
+  python scripts/bench.py scaling --out scaling.json    # step time vs batch, length, model size
+  python scripts/bench.py averaging --out avg.json      # checkpoint averaging: memory, time vs K
+  python scripts/bench.py roundtrip --out rt.json       # diffusion round trip vs forward rollout
+
+Every subcommand takes ``--quick`` (toy size, seconds; the test suite runs each). The
+subcommands other than ``sampler`` and ``ablate`` live in ``scripts/benchmarks/`` (their module
+docstrings say what they measure).
 
 ``sampler``: greedy decode tokens/s of the jitted KV-cache sampler (``rlpost.sampling``) for a
 ~1M- and a ~10M-parameter Qwen2-style model at several batch sizes (prompt 32, exactly 128 new
@@ -54,6 +62,8 @@ from flax import nnx  # noqa: E402
 
 from rlpost import sampling  # noqa: E402
 from rlpost.models import transformer as tfm  # noqa: E402
+from scripts.benchmarks import averaging as bench_averaging  # noqa: E402
+from scripts.benchmarks import roundtrip as bench_roundtrip  # noqa: E402
 from scripts.benchmarks import scaling as bench_scaling  # noqa: E402
 from scripts.benchmarks import train as bench_train  # noqa: E402
 
@@ -527,6 +537,10 @@ COMMANDS = {
               "one GRPO step vs TRL GRPOTrainer, and the step's time split"),
     "scaling": (bench_scaling.add_args, bench_scaling.run,
                 "step time vs batch, sequence length and model size; compilations per shape"),
+    "averaging": (bench_averaging.add_args, bench_averaging.run,
+                  "peak memory and time of checkpoint averaging vs the number of checkpoints"),
+    "roundtrip": (bench_roundtrip.add_args, bench_roundtrip.run,
+                  "cost of the diffusion round trip at depth i vs a forward rollout of depth i"),
     "sampler": (add_sampler_args, run_sampler,
                 "decode tokens/s vs transformers generate, and fraction of matmul peak"),
     "ablate": (add_ablate_args, run_ablate,

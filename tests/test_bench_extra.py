@@ -1,0 +1,106 @@
+"""scripts/benchmarks/averaging.py and roundtrip.py: quick runs write the documented JSON.
+
+Each benchmark's ``run`` is called in a fresh interpreter (the round-trip benchmark counts XLA
+compilations, which needs a process whose jit caches start empty). No timing assertions: the
+numbers depend on the machine and its load; only structure, signs and internal consistency.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_DRIVER = """
+import argparse, importlib, json, sys
+sys.path.insert(0, {root!r})
+mod = importlib.import_module("scripts.benchmarks." + sys.argv[1])
+parser = argparse.ArgumentParser()
+mod.add_args(parser)
+result = mod.run(parser.parse_args(sys.argv[3:]))
+with open(sys.argv[2], "w") as f:
+  json.dump(result, f, default=str)
+"""
+
+
+def _run(tmp_path, name, *args):
+  out = tmp_path / f"{name}.json"
+  proc = subprocess.run([sys.executable, "-c", _DRIVER.format(root=ROOT), name, str(out), *args],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return json.loads(out.read_text()), proc.stdout
+
+
+def test_averaging_quick(tmp_path):
+  data, stdout = _run(tmp_path, "averaging", "--quick")
+  assert data["benchmark"] == "averaging"
+  s = data["settings"]
+  assert s["quick"] and s["model"] == "toy" and s["ks"] == [2, 4] and s["opt_state"]
+  assert s["params"] == s["config_params"] > 0 and s["leaves"] > 0
+  assert s["tree_mb"] == pytest.approx(s["params"] * 4 / 2 ** 20)
+  # Adam moments are in the checkpoint too, so a checkpoint is larger than the parameters.
+  assert s["checkpoint_mb"] > s["tree_mb"] > 0 and s["write_s"] > 0
+  assert data["idle_rss_mb"] > 0
+  rows = data["results"]
+  assert [r["k"] for r in rows] == s["ks"]
+  steps = [100 * (i + 1) for i in range(max(s["ks"]))]
+  for r in rows:
+    assert r["items"] == steps[-r["k"]:]  # the K latest checkpoints
+    for method in ("streaming", "naive"):
+      m = r[method]
+      assert m["items"] == r["items"]
+      assert len(m["seconds"]) == s["repeats"] and all(t > 0 for t in m["seconds"])
+      assert m["first_s"] > 0 and m["min_s"] <= m["median_s"] <= m["max_s"]
+      assert m["rss_peak_mb"] >= m["rss_baseline_mb"] > 0
+      assert m["rss_increment_mb"] == pytest.approx(m["rss_peak_mb"] - m["rss_baseline_mb"])
+      assert m["trees_at_peak"] == pytest.approx(m["rss_increment_mb"] / s["tree_mb"])
+      # The measuring process's baseline is its own, not the launching process's peak.
+      assert 0.5 * data["idle_rss_mb"] < m["rss_baseline_mb"] < 2 * data["idle_rss_mb"]
+      if m["vm_hwm_peak_mb"] is not None:
+        assert m["vm_hwm_peak_mb"] >= m["vm_hwm_baseline_mb"] > 0
+    assert 0 <= r["max_abs_diff"] <= 1e-6 and 0 <= r["max_rel_diff"] <= 1e-6
+    assert r["time_ratio"] == pytest.approx(r["naive"]["median_s"] / r["streaming"]["median_s"])
+  for method in ("streaming", "naive"):
+    f = data["fit"][method]
+    assert f["trees_per_checkpoint"] == pytest.approx(f["mib_per_checkpoint"] / s["tree_mb"])
+  assert "| K | streaming ms | naive ms |" in stdout
+
+
+def test_roundtrip_quick(tmp_path):
+  data, stdout = _run(tmp_path, "roundtrip", "--quick")
+  assert data["benchmark"] == "roundtrip"
+  s = data["settings"]
+  assert s["quick"] and s["system"] == "kdv1d" and s["grid"] == [64] and s["num_fields"] == 1
+  assert s["depths"] == [1, 2] and s["batch"] == 4 and s["params"] > 0
+  assert s["sampler"]["method"] == "euler" and s["sampler"]["init"] == "zero"
+  assert s["network_calls_per_step"] == s["sampler"]["num_steps"] >= 1
+  rows = data["results"]
+  assert [r["depth"] for r in rows] == s["depths"]
+  med = {}
+  for r in rows:
+    d = r["depth"]
+    for v in ("forward", "round", "all"):
+      t = r[v]
+      assert len(t["seconds"]) == s["repeats"] and all(x > 0 for x in t["seconds"])
+      assert t["min_s"] <= t["median_s"] <= t["max_s"] and t["compile_s"] > 0
+    med[d] = r["round"]["median_s"]
+    assert r["ratio"] == pytest.approx(r["round"]["median_s"] / r["forward"]["median_s"])
+    assert r["steps"] == {"forward": d, "round": 2 * d, "all": d + d * (d + 1) // 2,
+                          "separate": d * (d + 1)}
+    # Depths 1 and 2 are both measured: the separate sum is exact.
+    assert not r["separate_estimated"]
+    assert r["separate_s"] == pytest.approx(sum(med[j] for j in range(1, d + 1)))
+    assert r["all_vs_separate"] == pytest.approx(r["all"]["median_s"] / r["separate_s"])
+  ds = data["depth_set"]
+  assert ds["depths"] == s["depths"] and ds["median_s"] > 0
+  assert ds["separate_s"] == pytest.approx(sum(med.values()))
+  assert ds["one_pass_vs_separate"] == pytest.approx(ds["median_s"] / ds["separate_s"])
+  comp = data["compilations"]
+  # One trace per (entry point, static depths): rollout at 1 and 2; round_trip at (1,), (2,)
+  # and (1, 2) (the every-depth call of depth 1 is (1,), and the depth set is (1, 2)).
+  assert comp["traces"] == {"rollout": 2, "round_trip": 3}
+  assert comp["warmup"] >= 5 and comp["timed"] == 0
+  assert "| depth i | forward ms | round trip ms |" in stdout
