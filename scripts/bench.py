@@ -63,6 +63,8 @@ from flax import nnx  # noqa: E402
 from rlpost import sampling  # noqa: E402
 from rlpost.models import transformer as tfm  # noqa: E402
 from scripts.benchmarks import averaging as bench_averaging  # noqa: E402
+from scripts.benchmarks.common import (  # noqa: E402
+    generation_flops, layer_matmul_params, measure_matmul_peak)
 from scripts.benchmarks import roundtrip as bench_roundtrip  # noqa: E402
 from scripts.benchmarks import scaling as bench_scaling  # noqa: E402
 from scripts.benchmarks import train as bench_train  # noqa: E402
@@ -83,23 +85,6 @@ MODELS = {
     "toy": tfm.TransformerConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
                                  num_kv_heads=2, intermediate_size=64, **_QWEN2),
 }
-
-
-def layer_matmul_params(cfg: tfm.TransformerConfig) -> int:
-  """P_layers: matmul weights of all layers (q/k/v/o + MLP kernels; no biases or norms)."""
-  e, d, f = cfg.hidden_size, cfg.resolved_head_dim, cfg.intermediate_size
-  attn = e * d * (cfg.num_heads + 2 * cfg.num_kv_heads) + cfg.num_heads * d * e
-  return cfg.num_layers * (attn + 3 * e * f)
-
-
-def generation_flops(cfg: tfm.TransformerConfig, batch: int, prompt_len: int,
-                     new_tokens: int) -> float:
-  """FLOPs of prefill + decoding ``new_tokens`` tokens for ``batch`` rows (module docstring)."""
-  tp, n = prompt_len, new_tokens
-  matmul = 2 * layer_matmul_params(cfg) * (tp + n - 1) + 2 * cfg.hidden_size * cfg.vocab_size * n
-  keys = tp * (tp + 1) // 2 + (n - 1) * tp + n * (n - 1) // 2
-  attn = 4 * cfg.num_layers * cfg.num_heads * cfg.resolved_head_dim * keys
-  return float(batch) * (matmul + attn)
 
 
 FLOP_FORMULA = ("FLOPs per row = 2*P_layers*(Tp+N-1) + 2*E*V*N + 4*L*H*D*(sum_{t=1..Tp} t + "
@@ -144,22 +129,6 @@ def machine_info() -> dict:
       info[mod] = None
   return info
 
-
-def measure_matmul_peak(n: int = 2048, repeats: int = 8) -> dict:
-  """Best-of-``repeats`` f32 FLOP/s of a jitted [n, n] @ [n, n] matmul on the default device."""
-  rng = np.random.default_rng(0)
-  a = jnp.asarray(rng.standard_normal((n, n), np.float32))
-  b = jnp.asarray(rng.standard_normal((n, n), np.float32))
-  f = jax.jit(lambda x, y: x @ y)
-  f(a, b).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    f(a, b).block_until_ready()
-    times.append(time.perf_counter() - t0)
-  flops = 2.0 * n ** 3
-  return {"n": n, "gflops_best": flops / min(times) / 1e9,
-          "gflops_median": flops / statistics.median(times) / 1e9, "repeats": repeats}
 
 # ------------------------------------------------------------------------------------------
 # sampler

@@ -74,6 +74,17 @@ def test_flop_formula_by_hand():
   assert bench.generation_flops(cfg, 5, tp, n) == 5 * expect
 
 
+def test_training_flops_by_hand():
+  bench = _load_bench()
+  cfg = bench.MODELS["toy"]  # E=32, 2 layers, H=4, D=8, V=64
+  per_layer = 32 * 8 * (4 + 2 * 2) + 4 * 8 * 32 + 3 * 32 * 64
+  t = 3 + 2
+  fwd = 2 * 2 * per_layer * t + 4 * 2 * 4 * 8 * (1 + 2 + 3 + 4 + 5) + 2 * 32 * 64 * 2
+  from scripts.benchmarks.common import training_flops
+  assert training_flops(cfg, 7, 3, 2, reference=False) == {"forward": 7 * fwd, "update": 21 * fwd}
+  assert training_flops(cfg, 7, 3, 2, reference=True)["update"] == 28 * fwd
+
+
 HAVE_TRL = HAVE_BASELINE and importlib.util.find_spec("trl") is not None
 
 
@@ -97,6 +108,9 @@ def test_train_vs_trl_quick(tmp_path):
     assert ours["min_s"] <= ours["median_s"] <= ours["max_s"]
     for k in ("sample_s", "score_s", "update_s", "fused_step_s"):
       assert r["split"][k] > 0
+    f = r["flops"]
+    assert f["sample"] > 0 and f["update"] > 0 and f["peak_gflops"] > 0
+    assert f["step_at_peak_s"] == pytest.approx((f["sample"] + f["update"]) / f["peak_gflops"] / 1e9)
     if HAVE_TRL:
       theirs = r["trl"]
       assert len(theirs["seconds"]) == len(ours["seconds"])

@@ -27,6 +27,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from scripts.benchmarks.common import generation_flops, measure_matmul_peak, training_flops
+
 # The policy: the sampler benchmark's 1m model on the character vocabulary (0.81M parameters).
 POLICY = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384,
               qkv_bias=True, tie_embeddings=True)
@@ -151,6 +153,30 @@ def _timed(fn, sink: list):
   return wrapper
 
 
+def _flops(trainer, beta: float, peak_gflops: float, row: dict) -> dict:
+  """The step's useful FLOPs, its time at this machine's matmul peak, and what that bounds.
+
+  Sampling as ``generation_flops`` (every row decodes N tokens: with random weights the batch
+  runs to the limit), the update as ``training_flops`` (with a reference forward when beta > 0).
+  ``max_ratio_vs_trl``: TRL's measured step over the step's time at 100% of the peak, i.e. the
+  largest speed-up any implementation doing the same work could show here.
+  """
+  cfg = trainer.model_cfg
+  rows = trainer.cfg.num_prompts * trainer.cfg.group_size
+  tp = int(trainer.train_data.prompt_tokens.shape[1])
+  n = trainer.max_new_tokens
+  sample = generation_flops(cfg, rows, tp, n)
+  update = training_flops(cfg, rows, tp, n, reference=beta > 0)["update"]
+  at_peak = (sample + update) / (peak_gflops * 1e9)
+  out = {"sample": sample, "update": update, "peak_gflops": peak_gflops,
+         "step_at_peak_s": at_peak,
+         "rlpost_fraction_of_peak": at_peak / row["rlpost"]["median_s"]}
+  if row.get("trl"):
+    out["trl_fraction_of_peak"] = at_peak / row["trl"]["median_s"]
+    out["max_ratio_vs_trl"] = row["trl"]["median_s"] / at_peak
+  return out
+
+
 def _stats(times: list[float]) -> dict:
   med = statistics.median(times)
   return {"median_s": med, "min_s": min(times), "max_s": max(times),
@@ -174,6 +200,8 @@ def run(args) -> dict:
       print(f"TRL baseline skipped: {e}", flush=True)
       have_trl = False
   workdir = tempfile.mkdtemp(prefix="rlpost_bench_train_")
+  peak = measure_matmul_peak(512 if args.quick else 2048, 3 if args.quick else 8)
+  print(f"f32 matmul peak: {peak['gflops_best']:.1f} GFLOP/s", flush=True)
   results = []
   for beta in betas:
     trainer = rl.make_train(_config(args, beta), log=lambda s: None)
@@ -211,13 +239,14 @@ def run(args) -> dict:
     row["rlpost"]["mean_response_length"] = float(np.mean(lengths))
     row["ratio"] = row["trl"]["median_s"] / row["rlpost"]["median_s"] if have_trl else None
     row["compilations"] = trainer.num_traces
+    row["flops"] = _flops(trainer, beta, peak["gflops_best"], row)
     # The time split of the rlpost step (each part compiled on its own; see profile.py).
     row["split"] = profile.time_split(trainer, state[0], repeats=repeats)
     results.append(row)
     _print_row(row, args)
   print()
   print(format_table(results))
-  return {"benchmark": "train",
+  return {"benchmark": "train", "matmul_peak": peak,
           "settings": {"quick": bool(args.quick), "prompts": args.prompts,
                        "group_size": args.group_size, "new_tokens": args.new_tokens,
                        "repeats": repeats, "betas": betas, "config": _config(args, betas[0]),
@@ -235,8 +264,9 @@ def _print_row(row: dict, args) -> None:
 
 def format_table(rows: list[dict]) -> str:
   lines = ["| beta | rlpost ms/step (spread) | TRL ms/step (spread) | TRL / rlpost | "
-           "rlpost sample / score / update / fused | TRL generate / score+ref / update |",
-           "|---:|---:|---:|---:|---:|---:|"]
+           "rlpost sample / score / update / fused | TRL generate / score+ref / update | "
+           "GFLOP | ms at peak | rlpost % of peak | bound |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for r in rows:
     ours = f"{r['rlpost']['median_s'] * 1e3:,.1f} ({r['rlpost']['spread']:.0%})"
     theirs = (f"{r['trl']['median_s'] * 1e3:,.0f} ({r['trl']['spread']:.0%})" if r["trl"]
@@ -247,6 +277,13 @@ def format_table(rows: list[dict]) -> str:
                                                              "fused_step"))
     trl_parts = (" / ".join(f"{v * 1e3:.0f}" for v in r["trl"]["split"].values())
                  if r["trl"] else "-")
-    lines.append(f"| {r['beta']} | {ours} | {theirs} | {ratio} | {parts} | {trl_parts} |")
-  lines.append("(split columns in ms; rlpost's parts are each compiled on their own)")
+    f = r["flops"]
+    bound = f"{f['max_ratio_vs_trl']:.1f}x" if "max_ratio_vs_trl" in f else "-"
+    lines.append(f"| {r['beta']} | {ours} | {theirs} | {ratio} | {parts} | {trl_parts} | "
+                 f"{(f['sample'] + f['update']) / 1e9:.1f} | {f['step_at_peak_s'] * 1e3:.0f} | "
+                 f"{f['rlpost_fraction_of_peak']:.0%} | {bound} |")
+  lines.append("(split columns in ms; rlpost's parts are each compiled on their own. GFLOP: "
+               "useful work of the step; at peak: its time at the measured f32 matmul peak; "
+               "bound: TRL's step over that, the most any implementation of the same work "
+               "could gain here)")
   return "\n".join(lines)

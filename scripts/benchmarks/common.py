@@ -1,0 +1,62 @@
+"""FLOP counts and the matmul peak shared by the benchmarks."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlpost.models import transformer as tfm
+
+
+def layer_matmul_params(cfg: tfm.TransformerConfig) -> int:
+  """P_layers: matmul weights of all layers (q/k/v/o + MLP kernels; no biases or norms)."""
+  e, d, f = cfg.hidden_size, cfg.resolved_head_dim, cfg.intermediate_size
+  attn = e * d * (cfg.num_heads + 2 * cfg.num_kv_heads) + cfg.num_heads * d * e
+  return cfg.num_layers * (attn + 3 * e * f)
+
+
+def generation_flops(cfg: tfm.TransformerConfig, batch: int, prompt_len: int,
+                     new_tokens: int) -> float:
+  """FLOPs of prefill + decoding ``new_tokens`` tokens for ``batch`` rows (module docstring)."""
+  tp, n = prompt_len, new_tokens
+  matmul = 2 * layer_matmul_params(cfg) * (tp + n - 1) + 2 * cfg.hidden_size * cfg.vocab_size * n
+  keys = tp * (tp + 1) // 2 + (n - 1) * tp + n * (n - 1) // 2
+  attn = 4 * cfg.num_layers * cfg.num_heads * cfg.resolved_head_dim * keys
+  return float(batch) * (matmul + attn)
+
+
+def training_flops(cfg: tfm.TransformerConfig, batch: int, prompt_len: int, new_tokens: int,
+                   *, reference: bool) -> dict:
+  """Useful FLOPs of an RL update on ``batch`` rows of ``prompt_len + new_tokens`` tokens.
+
+  forward = 2 * P_layers * T + 4 * L * H * D * T (T + 1) / 2 (causal q.k and p.v) + 2 * E * V * N
+  (the LM head on the N scored positions), with T = prompt_len + new_tokens; the gradient costs
+  twice the forward (activations and weights), so the differentiated pass is 3x the forward; a
+  KL term adds one forward of the frozen reference.
+  """
+  t, n = prompt_len + new_tokens, new_tokens
+  fwd = (2 * layer_matmul_params(cfg) * t
+         + 4 * cfg.num_layers * cfg.num_heads * cfg.resolved_head_dim * t * (t + 1) // 2
+         + 2 * cfg.hidden_size * cfg.vocab_size * n) * float(batch)
+  return {"forward": fwd, "update": 3 * fwd + (fwd if reference else 0.0)}
+
+
+def measure_matmul_peak(n: int = 2048, repeats: int = 8) -> dict:
+  """Best-of-``repeats`` f32 FLOP/s of a jitted [n, n] @ [n, n] matmul on the default device."""
+  rng = np.random.default_rng(0)
+  a = jnp.asarray(rng.standard_normal((n, n), np.float32))
+  b = jnp.asarray(rng.standard_normal((n, n), np.float32))
+  f = jax.jit(lambda x, y: x @ y)
+  f(a, b).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    f(a, b).block_until_ready()
+    times.append(time.perf_counter() - t0)
+  flops = 2.0 * n ** 3
+  return {"n": n, "gflops_best": flops / min(times) / 1e9,
+          "gflops_median": flops / statistics.median(times) / 1e9, "repeats": repeats}
