@@ -2,9 +2,12 @@
 
     python scripts/train.py experiments/grpo_arithmetic.py recipe=dapo steps=200 seed=1
     python scripts/train.py my_config.json run_dir=runs/x
+    python scripts/train.py experiments/mc_grpo/full.py:math-G2-median policy=/models/...
 
-CONFIG is a Python file defining a dict ``CONFIG`` (the project's experiment files) or a JSON
-file; ``key=value`` overrides follow, typed by the config's fields (dicts and tuples as JSON).
+CONFIG is a Python file defining a dict ``CONFIG`` (the project's experiment files),
+``FILE.py:NAME`` for the run NAME of a file's ``FULL`` dict of named full-size runs
+(``experiments/*/full.py``), or a JSON file; ``key=value`` overrides follow, typed by the config's
+fields (dicts and tuples as JSON, e.g. ``task_spec='{"train": "a.jsonl", "test": "b.jsonl"}'``).
 Unknown keys fail at start with the list of known ones. Re-running with the same run_dir resumes.
 
 Multi-host: start the same command on every host with ``--distributed`` (cluster managers such as
@@ -29,8 +32,18 @@ from rlpost.train import config as config_lib  # noqa: E402
 from rlpost.train import loop, rl  # noqa: E402
 
 
+def split_config_name(path: str) -> tuple[str, str | None]:
+  """``"dir/full.py:NAME"`` -> ("dir/full.py", "NAME"); other paths -> (path, None)."""
+  head, sep, name = path.rpartition(":")
+  if sep and head.endswith(".py") and name:
+    return head, name
+  return path, None
+
+
 def load_config_file(path: str) -> dict:
-  """The CONFIG dict of a project Python config file, or the object in a JSON file."""
+  """The CONFIG dict of a project Python config file (``FULL[NAME]`` for ``file.py:NAME``), or
+  the object in a JSON file."""
+  path, name = split_config_name(path)
   if not os.path.exists(path):
     raise FileNotFoundError(f"config file {path} does not exist")
   if path.endswith(".json"):
@@ -42,6 +55,13 @@ def load_config_file(path: str) -> dict:
   spec = importlib.util.spec_from_file_location("rlpost_experiment_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
+  if name is not None:
+    runs = getattr(module, "FULL", None)
+    if not isinstance(runs, dict):
+      raise ValueError(f"{path} defines no FULL dict of named runs (asked for {name!r})")
+    if name not in runs:
+      raise ValueError(f"{path}: no run {name!r} in FULL; known: {sorted(runs)}")
+    return dict(runs[name])
   if not isinstance(getattr(module, "CONFIG", None), dict):
     raise ValueError(f"{path} defines no CONFIG dict")
   return dict(module.CONFIG)
@@ -60,8 +80,9 @@ def main(argv=None) -> dict:
   values = load_config_file(args.config)
   values.update(config_lib.parse_overrides(args.overrides))
   cfg = config_lib.from_dict(rl.RLConfig, values)
-  run_dir = cfg.run_dir or os.path.join(
-      "runs", os.path.splitext(os.path.basename(args.config))[0] + f"-{cfg.recipe}-s{cfg.seed}")
+  file, name = split_config_name(args.config)
+  stem = os.path.splitext(os.path.basename(file))[0] + (f"-{name}" if name else "")
+  run_dir = cfg.run_dir or os.path.join("runs", f"{stem}-{cfg.recipe}-s{cfg.seed}")
   t0 = time.perf_counter()
   trainer = rl.make_train(cfg)
   out = loop.run(trainer, run_dir, progress=not args.no_progress)

@@ -14,6 +14,8 @@ Verdicts use the pre-declared main arm (multiplicative softplus, alpha 0.5), nev
 the sweep. Evaluation: pass@k from 64 samples per test problem (unbiased estimator), token
 entropy of the samples; training logs the share of overconfident errors every step.
 
+The paper's own setup at full size (accelerators, not run here): ``experiments/ace/full.py``.
+
 Outputs in ``--out`` (default ``results/ace``): ``table.md``, ``results.json``, ``passk.png``,
 ``training.png``; finished arms are cached under ``cache/``. The full table, with plots, is in
 ``results/ace/table.md``; its paper-claims part is below.

@@ -20,6 +20,8 @@ KL), so arms differ only in rollout allocation and batch breadth:
 * ``dars-b``: dars-et with 4x the prompts per step, full-batch updates for 2 epochs, and a quarter
   of the steps (the same number of rollouts in total).
 
+The paper's own setup at full size (accelerators, not run here): ``experiments/dars/full.py``.
+
 Outputs in ``--out`` (default ``results/dars``): ``table.md``, ``results.json``, ``passk.png``,
 ``cumulative_advantage.png``; finished arms are cached under ``cache/``.
 

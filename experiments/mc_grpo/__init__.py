@@ -15,6 +15,8 @@ G+1 (MC-GRPO)}, plus GRPO at G=8 with injected sign flips. Seeds of an arm run a
 program (``experiments/rl_seeds.py``). The sign-flip rates are measured on the SFT policy with a
 64-sample reference group per prompt, for the 0/1 and the graded reward.
 
+The paper's own setup at full size (accelerators, not run here): ``experiments/mc_grpo/full.py``.
+
 Outputs in ``--out`` (default ``results/mc_grpo``): ``table.md``, ``results.json``, ``accuracy_vs_g.png``,
 ``learning_curves.png``, ``sign_flips.png``, ``injected_flips.png``; finished arms are cached under
 ``cache/`` and not rerun. The full table, with plots, is in

@@ -120,6 +120,18 @@ def is_equivalent(prediction: str | None, reference: str | None) -> bool:
   return p == r and p != ""
 
 
+def _need_text(rec, key: str, path: str, i: int, alternative: str | None = None) -> None:
+  """Raise naming the file and record index unless ``rec[key]`` is a string."""
+  if not isinstance(rec, dict):
+    raise ValueError(f"{path}: record {i} is a {type(rec).__name__}, expected an object")
+  if key not in rec:
+    also = f" (or {alternative!r})" if alternative else ""
+    raise ValueError(f"{path}: record {i} has no field {key!r}{also}")
+  if not isinstance(rec[key], str):
+    raise ValueError(f"{path}: record {i} field {key!r} is a {type(rec[key]).__name__}, "
+                     "expected text")
+
+
 def load_gsm8k(path: str) -> list[dict]:
   """{prompt, answer, solution, difficulty} rows from a GSM8K jsonl file.
 
@@ -128,8 +140,7 @@ def load_gsm8k(path: str) -> list[dict]:
   rows = []
   for i, rec in enumerate(_read_json_records(path)):
     for key in ("question", "answer"):
-      if not isinstance(rec, dict) or key not in rec:
-        raise ValueError(f"{path}: record {i} has no field {key!r}")
+      _need_text(rec, key, path, i)
     final = extract_gsm8k_answer(rec["answer"])
     if final is None:
       raise ValueError(f"{path}: record {i} has no '####' final answer")
@@ -142,7 +153,12 @@ def load_gsm8k(path: str) -> list[dict]:
 
 
 def load_math(paths: str | Iterable[str]) -> list[dict]:
-  """{prompt, answer, solution, difficulty, subject} rows from MATH json files or a directory."""
+  """{prompt, answer, solution, difficulty, subject} rows from MATH json files or a directory.
+
+  A record needs ``problem`` and either ``answer`` (as in MATH-500) or a ``solution`` with a
+  ``\\boxed{}`` answer (as in MATH). Difficulty is the number in ``level`` (1-5), else 0.
+  """
+  source = paths
   if isinstance(paths, str):
     if os.path.isdir(paths):
       paths = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(paths) for f in fs
@@ -150,26 +166,116 @@ def load_math(paths: str | Iterable[str]) -> list[dict]:
     else:
       paths = [paths]
   rows = []
+  paths = list(paths)
   for path in paths:
     for i, rec in enumerate(_read_json_records(path)):
-      for key in ("problem", "solution"):
-        if not isinstance(rec, dict) or key not in rec:
-          raise ValueError(f"{path}: record {i} has no field {key!r}")
-      final = rec.get("answer") or extract_boxed(rec["solution"])
-      if final is None:
-        raise ValueError(f"{path}: record {i} has no \\boxed{{}} answer in its solution")
+      _need_text(rec, "problem", path, i)
+      if "answer" not in rec:
+        _need_text(rec, "solution", path, i, alternative="answer")
+      final = rec.get("answer")
+      if final is not None and not isinstance(final, (str, int, float)):
+        raise ValueError(f"{path}: record {i} field 'answer' is a {type(final).__name__}, "
+                         "expected text or a number")
+      final = str(final).strip() if final is not None else ""
+      if not final and isinstance(rec.get("solution"), str):
+        final = extract_boxed(rec["solution"]) or ""
+      if not final:
+        raise ValueError(f"{path}: record {i} has no \\boxed{{}} answer in its solution and no "
+                         "'answer' field")
       level = re.search(r"\d+", str(rec.get("level", "")))
-      rows.append({"prompt": rec["problem"], "answer": final, "solution": rec["solution"],
+      rows.append({"prompt": rec["problem"], "answer": final, "solution": rec.get("solution", ""),
                    "difficulty": int(level.group()) if level else 0,
-                   "subject": rec.get("type", "")})
+                   "subject": rec.get("type", rec.get("subject", ""))})
   if not rows:
-    raise ValueError(f"no MATH records found in {list(paths)}")
+    raise ValueError(f"no MATH records found in {source!r}")
   return rows
+
+
+def extract_answer(completion: str) -> str | None:
+  """A model completion's final answer: the last ``\\boxed{}``, else the text after ``####``,
+  else the last number; None if there is none."""
+  pred = extract_boxed(completion)
+  if pred is None:
+    pred = extract_gsm8k_answer(completion) or extract_final_number(completion)
+  return pred
+
+
+def canonical_answer(ans: str | None) -> str | None:
+  """A hashable key with ``canonical_answer(a) == canonical_answer(b)`` exactly when
+  ``is_equivalent(a, b)``: the exact fraction of a number, else the normalised string; None for
+  a missing or empty answer. Majority votes count answers by this key."""
+  if ans is None:
+    return None
+  s = normalize_answer(ans)
+  num = _as_number(s)
+  if num is not None:
+    return f"{num.numerator}/{num.denominator}"
+  return s or None
 
 
 def score_math(completion: str, reference: str) -> float:
   """1.0 if the completion's boxed (else last) answer is equivalent to the reference."""
-  pred = extract_boxed(completion)
-  if pred is None:
-    pred = extract_gsm8k_answer(completion) or extract_final_number(completion)
-  return float(is_equivalent(pred, reference))
+  return float(is_equivalent(extract_answer(completion), reference))
+
+
+# --------------------------------------------------------------------------------------------
+# Tasks for the RL trainer
+# --------------------------------------------------------------------------------------------
+
+# Qwen2.5-Math's chain-of-thought prompt in its chat format (the system prompt its model card
+# recommends for CoT).
+QWEN_MATH_TEMPLATE = ("<|im_start|>system\nPlease reason step by step, and put your final answer "
+                      "within \\boxed{}.<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
+                      "<|im_start|>assistant\n")
+# The same instruction without a chat format (for base models without chat tokens).
+PLAIN_TEMPLATE = ("Question: {question}\nPlease reason step by step, and put your final answer "
+                  "within \\boxed{}.\nAnswer:")
+
+FILE_TASKS = ("gsm8k", "math")
+SPLITS = ("train", "test")
+
+
+def format_prompt(template: str, question: str) -> str:
+  """``template`` with every literal ``{question}`` replaced by ``question``.
+
+  Plain substitution: no other braces are interpreted (``\\boxed{}`` stays as written) and
+  nothing in the template or the question is evaluated.
+  """
+  return template.replace("{question}", question)
+
+
+def load_task(task: str, spec: dict) -> dict[str, list[dict]]:
+  """The splits of a file task: {"train": rows, "test": rows}.
+
+  Args:
+    task: "gsm8k" (jsonl with ``question`` and ``answer``) or "math" (MATH json / jsonl files or
+      a directory of them, see ``load_math``).
+    spec: {"train": path, "test": path}; for "math" a path may also be a list of paths.
+
+  Rows are {prompt, answer, solution, difficulty}; GSM8K rows get difficulty 0 (one bucket),
+  MATH rows their level 1-5. Raises FileNotFoundError naming the spec key and the path for a
+  missing file, ValueError naming the file and record index for a malformed record.
+  """
+  if task not in FILE_TASKS:
+    raise ValueError(f"unknown file task {task!r}; known: {list(FILE_TASKS)}")
+  unknown = sorted(set(spec) - set(SPLITS))
+  missing = [s for s in SPLITS if s not in spec]
+  if unknown or missing:
+    raise ValueError(f"{task} task_spec must be {{'train': path, 'test': path}} (local files); "
+                     f"missing {missing}, unknown {unknown}")
+  out = {}
+  for split in SPLITS:
+    paths = spec[split]
+    many = isinstance(paths, (list, tuple))
+    if task == "gsm8k" and many:
+      raise ValueError(f"gsm8k task_spec[{split!r}] must be one jsonl path, got a list")
+    for p in (paths if many else [paths]):
+      if not isinstance(p, str) or not p:
+        raise ValueError(f"{task} task_spec[{split!r}] must be a file path, got {p!r}")
+      if not os.path.exists(p):
+        raise FileNotFoundError(f"{task} task_spec[{split!r}]: {p} does not exist")
+    if task == "gsm8k":
+      out[split] = [dict(r, difficulty=0) for r in load_gsm8k(paths)]
+    else:
+      out[split] = load_math(list(paths) if many else paths)
+  return out

@@ -94,12 +94,16 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
   log = trainer.log
   os.makedirs(run_dir, exist_ok=True)
   cfg_path = os.path.join(run_dir, "config.json")
-  cfg_dict = dataclasses.asdict(cfg)
+  # Compared as JSON (tuples read back as lists); a key the saved config predates counts as
+  # its default value.
+  cfg_dict = json.loads(json.dumps(dataclasses.asdict(cfg)))
   if os.path.exists(cfg_path):
     with open(cfg_path) as f:
       saved = json.load(f)
+    defaults = json.loads(json.dumps(dataclasses.asdict(type(cfg)())))
     changed = sorted(k for k in set(saved) | set(cfg_dict)
-                     if saved.get(k) != cfg_dict.get(k) and k not in OPERATIONAL_KEYS)
+                     if saved.get(k, defaults.get(k)) != cfg_dict.get(k)
+                     and k not in OPERATIONAL_KEYS)
     if changed:
       raise ValueError(f"{run_dir} holds a run with a different config (keys {changed}); "
                        f"use another run_dir")

@@ -1,12 +1,19 @@
 """GRPO-family RL training as pure, jitted functions (in the style of purejaxrl).
 
-``make_train(config)`` does the host-side setup once (data, tokenizer, SFT warm start, recipe,
-optimizer) and returns a ``Trainer`` whose ``step(state) -> (state, metrics)`` is one jitted
-program: pick prompts by the data cursor, sample G rollouts per prompt with the KV-cache sampler,
-score them (in JAX for the arithmetic task; through one batched host callback otherwise),
+``make_train(config)`` does the host-side setup once (data, tokenizer, policy, recipe, optimizer)
+and returns a ``Trainer`` whose ``step(state) -> (state, metrics)`` is one jitted program: pick
+prompts by the data cursor, sample G rollouts per prompt with the KV-cache sampler, score them
+(in JAX for the arithmetic task; through one batched host callback otherwise),
 compute advantages with the recipe's chain, then ``num_iterations`` epochs over
 ``num_minibatches`` mini-batches of optax updates. The reference policy is a frozen copy of the
 starting parameters, used for KL terms and ACE's confidence shift.
+
+Two kinds of policy: the built-in character-level decoder, freshly initialised and warm-started
+by a cached SFT run on the synthetic tasks' demonstrations (``policy=""``); or a local Hugging
+Face checkpoint (``policy=/path``: config.json, safetensors, tokenizer.json), trained as loaded
+with its own tokenizer, eos ids as stop tokens and its pad id. The real-data tasks ``gsm8k`` and
+``math`` read local files (``task_spec={"train": path, "test": path}``), format each question
+with ``prompt_template`` and score completions on the host (``rlpost.tasks.math_data``).
 
 Shape legend: P prompts per step, G rollouts per prompt (sampled), B = P * G rows, Tp prompt
 buffer, N max new tokens, V vocabulary.
@@ -20,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import os
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -33,20 +41,23 @@ from rlpost import sampling, sharding
 from rlpost.eval import metrics as evm
 from rlpost.models import transformer as tfm
 from rlpost.rollouts import dars
-from rlpost.tasks import arithmetic, builders, countdown
-from rlpost.tasks.tokenizer import EOS, CharTokenizer
+from rlpost.tasks import arithmetic, builders, countdown, math_data
+from rlpost.tasks.tokenizer import EOS, PAD, CharTokenizer
 from rlpost.train import sft
 from rlpost.types import RolloutBatch
 
 DEFAULT_MODEL = dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=4,
                      intermediate_size=512, max_seq_len=64)
+# The ``model`` keys that still apply with a Hugging Face policy (its config.json fixes the rest).
+POLICY_MODEL_KEYS = ("dtype", "param_dtype", "max_seq_len")
 
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
   """Everything that determines a run. See ``validate`` for the allowed values."""
 
-  # task
+  # task: a synthetic one (builders.BUILDERS) or a file task (math_data.FILE_TASKS) whose
+  # task_spec is {"train": path, "test": path}; num_train / num_test cap a file task's records
   task: str = "arithmetic"
   task_spec: dict = dataclasses.field(default_factory=dict)
   num_train: int = 10000
@@ -54,7 +65,15 @@ class RLConfig:
   data_seed: int = 0
   graded_reward: bool = False
   data_dir: str = builders.DEFAULT_DATA_DIR
-  # policy and warm start
+  # file tasks: every literal "{question}" is replaced by the question (nothing else is parsed)
+  prompt_template: str = math_data.QWEN_MATH_TEMPLATE
+  # policy prompts longer than this many tokens are dropped (logged); 0 keeps every prompt
+  max_prompt_tokens: int = 0
+  # policy: a local Hugging Face checkpoint directory; "" is the built-in character model
+  policy: str = ""
+  # policy: token strings that end a completion besides the tokenizer's eos ids
+  extra_stop_tokens: tuple[str, ...] = ()
+  # policy and warm start; with a policy only POLICY_MODEL_KEYS may be set in model
   model: dict = dataclasses.field(default_factory=dict)
   model_seed: int = 0
   sft_steps: int = 500
@@ -75,6 +94,8 @@ class RLConfig:
   dars_budget: int = 0  # stage-2 rows per step (static); 0: P * (n_max - G) (never truncates)
   # optimisation
   lr: float = 1e-4
+  lr_schedule: str = "constant"  # or "cosine" (to 0 at the last optimizer update)
+  lr_warmup_steps: int = 0  # linear warmup from 0 over this many optimizer updates
   b1: float = 0.9
   b2: float = 0.999
   weight_decay: float = 0.0
@@ -109,7 +130,39 @@ class RLConfig:
       if not cond:
         raise ValueError(f"config key {key!r}: {msg} (got {getattr(self, key)!r})")
 
-    need(self.task in builders.BUILDERS, "task", f"must be one of {sorted(builders.BUILDERS)}")
+    tasks = sorted(builders.BUILDERS) + list(math_data.FILE_TASKS)
+    need(self.task in tasks, "task", f"must be one of {tasks}")
+    if self.task in math_data.FILE_TASKS:
+      need(bool(self.policy), "task", "needs a Hugging Face policy (config key 'policy'): real "
+           "text is outside the character tokenizer's alphabet")
+      need(set(self.task_spec) == set(math_data.SPLITS), "task_spec",
+           "must name local files: {'train': path, 'test': path}")
+      need(not self.graded_reward, "graded_reward", "only the arithmetic task has a graded reward")
+      need("{question}" in self.prompt_template, "prompt_template", "must contain '{question}'")
+    if self.policy:
+      need(self.task != "arithmetic", "task", "arithmetic is scored on character-tokenizer ids; "
+           f"with a policy use one of {['countdown', *math_data.FILE_TASKS]}")
+      need(self.sft_steps == 0, "sft_steps", "must be 0 with a policy: the checkpoint is the "
+           "starting policy (the SFT warm start is for the built-in character model)")
+      need(self.max_new_tokens >= 1, "max_new_tokens", "must be set (>= 1) with a policy")
+      fixed = sorted(set(self.model) - set(POLICY_MODEL_KEYS))
+      if fixed:
+        raise ValueError(f"config key 'model': {fixed} cannot be set when 'policy' is set (the "
+                         f"architecture comes from {os.path.join(self.policy, 'config.json')}); "
+                         f"only {list(POLICY_MODEL_KEYS)} apply")
+      for key in ("dtype", "param_dtype"):
+        if key in self.model and self.model[key] not in ("float32", "bfloat16", "float16"):
+          raise ValueError(f"config key 'model': {key} must be 'float32', 'bfloat16' or "
+                           f"'float16' (got {self.model[key]!r})")
+      seq = self.model.get("max_seq_len", 1)
+      if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
+        raise ValueError(f"config key 'model': max_seq_len must be a positive int (got {seq!r})")
+    need(self.max_prompt_tokens >= 0, "max_prompt_tokens", "must be >= 0")
+    need(self.policy or not self.extra_stop_tokens, "extra_stop_tokens",
+         "needs a policy (the character model stops at its EOS only)")
+    need(self.lr_schedule in ("constant", "cosine"), "lr_schedule",
+         "must be 'constant' or 'cosine'")
+    need(self.lr_warmup_steps >= 0, "lr_warmup_steps", "must be >= 0")
     need(self.group_size >= 1, "group_size", "G must be >= 1")
     need(self.num_prompts >= 1, "num_prompts", "must be >= 1")
     need(self.steps >= 0, "steps", "must be >= 0")
@@ -213,6 +266,37 @@ def _task_arrays(rows, tok: CharTokenizer) -> TaskArrays:
                     jnp.asarray([r["difficulty"] for r in rows], jnp.int32))
 
 
+def _policy_task_arrays(rows, ids: list[list[int]], tok, length: int) -> TaskArrays:
+  """Prompt ids left-padded with the tokenizer's pad id to [N, length]; the answer arrays are
+  empty ([N, 1] zeros: these tasks are scored on the host from decoded text)."""
+  pt, pm = tok.pad(ids, length=length, side="left")
+  n = len(rows)
+  return TaskArrays(jnp.asarray(pt), jnp.asarray(pm), jnp.zeros((n, 1), jnp.int32),
+                    jnp.zeros((n,), jnp.int32),
+                    jnp.asarray([r["difficulty"] for r in rows], jnp.int32))
+
+
+def learning_rate(*, lr: float, schedule: str, warmup_steps: int, total_steps: int):
+  """The optimizer's learning rate: a float, or an optax schedule of the update count.
+
+  Linear warmup from 0 over ``min(warmup_steps, total_steps)`` updates (lr * n / warmup at
+  update n), then ``schedule``: "constant" (lr) or "cosine" (lr * (1 + cos(pi * m / M)) / 2 at
+  the m-th of the M = total - warmup remaining updates, reaching 0 at the end). Without warmup
+  a constant schedule is the plain float ``lr``.
+  """
+  if schedule not in ("constant", "cosine"):
+    raise ValueError(f"unknown learning-rate schedule {schedule!r}; expected 'constant' or "
+                     "'cosine'")
+  if schedule == "constant" and warmup_steps == 0:
+    return lr
+  warm = min(warmup_steps, total_steps)
+  after = (optax.constant_schedule(lr) if schedule == "constant"
+           else optax.cosine_decay_schedule(lr, max(total_steps - warm, 1)))
+  if warm == 0:
+    return after
+  return optax.join_schedules([optax.linear_schedule(0.0, lr, warm), after], [warm])
+
+
 def _recipe(cfg: RLConfig, max_len: int) -> obj.Recipe:
   """The configured recipe; length-dependent arguments default to this run's max_new_tokens."""
   args = dict(cfg.recipe_args)
@@ -238,7 +322,33 @@ class Trainer:
   def __init__(self, cfg: RLConfig, *, log: Callable[[str], None] = print):
     self.cfg = cfg
     self.log = log
+    model = self._init_policy(cfg) if cfg.policy else self._init_char_policy(cfg)
+    self.mesh = sharding.make_mesh(fsdp=cfg.mesh_fsdp)
+    self.graphdef, ref_params = nnx.split(model)
+    del model
+    self.ref_params = sharding.shard_params(ref_params, self.mesh, mode=cfg.param_sharding)
+    self.recipe = _recipe(cfg, self.max_new_tokens)
+    self.needs_ref = "ref_logp" in self.recipe.requires
+    self.needs_entropy = "entropy" in self.recipe.requires
+    updates = cfg.steps * cfg.num_iterations * cfg.num_minibatches
+    self.optimizer = optax.chain(
+        optax.clip_by_global_norm(cfg.grad_clip),
+        optax.adamw(learning_rate(lr=cfg.lr, schedule=cfg.lr_schedule,
+                                  warmup_steps=cfg.lr_warmup_steps, total_steps=updates),
+                    b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
+    self.sampling_cfg = sampling.SamplingConfig(
+        max_new_tokens=self.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+        stop_tokens=self.stop_tokens, pad_id=self.pad_id)
+    self.dars_budget = cfg.resolved_dars_budget
+    self.num_traces = 0
+    self._jit_step = None
+    self._eval_fns = {}
+
+  # ---------------------------------------------------------------------------------- policy
+  def _init_char_policy(self, cfg: RLConfig) -> tfm.Transformer:
+    """The built-in character-level decoder on a synthetic task, SFT warm-started (cached)."""
     self.tok = CharTokenizer()
+    self.stop_tokens, self.pad_id = (EOS,), PAD
     data = builders.build(cfg.task, spec=cfg.task_spec, num_train=cfg.num_train,
                           num_test=cfg.num_test, seed=cfg.data_seed, data_dir=cfg.data_dir)
     self.rows = data
@@ -258,23 +368,88 @@ class Trainer:
     key = sft.cache_key(self.model_cfg, sft_cfg, cfg.task, cfg.task_spec, cfg.num_train,
                         cfg.num_test, cfg.data_seed, cfg.model_seed)
     if cfg.sft_steps > 0:
-      sft.cached_sft(self.model, data["train"], self.tok, sft_cfg, cfg.cache_dir, key, log=log)
-    self.mesh = sharding.make_mesh(fsdp=cfg.mesh_fsdp)
-    self.graphdef, ref_params = nnx.split(self.model)
-    self.ref_params = sharding.shard_params(ref_params, self.mesh, mode=cfg.param_sharding)
-    self.recipe = _recipe(cfg, self.max_new_tokens)
-    self.needs_ref = "ref_logp" in self.recipe.requires
-    self.needs_entropy = "entropy" in self.recipe.requires
-    self.optimizer = optax.chain(
-        optax.clip_by_global_norm(cfg.grad_clip),
-        optax.adamw(cfg.lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
-    self.sampling_cfg = sampling.SamplingConfig(
-        max_new_tokens=self.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-        stop_tokens=(EOS,))
-    self.dars_budget = cfg.resolved_dars_budget
-    self.num_traces = 0
-    self._jit_step = None
-    self._eval_fns = {}
+      sft.cached_sft(self.model, data["train"], self.tok, sft_cfg, cfg.cache_dir, key,
+                     log=self.log)
+    return self.model
+
+  def _init_policy(self, cfg: RLConfig) -> tfm.Transformer:
+    """A Hugging Face checkpoint and its tokenizer on a host-scored task (no SFT)."""
+    from rlpost.models import hf
+
+    path = cfg.policy
+    if not os.path.isdir(path):
+      raise FileNotFoundError(f"config key 'policy': {path} is not a directory (expected a Hugging "
+                              "Face checkpoint: config.json, *.safetensors, tokenizer.json)")
+    try:
+      tok = hf.load_tokenizer(path)
+      model = hf.load_pretrained(path, dtype=cfg.model.get("dtype", "float32"),
+                                 param_dtype=cfg.model.get("param_dtype"))
+    except (FileNotFoundError, ValueError) as e:
+      raise type(e)(f"config key 'policy' ({path}): {e}") from None
+    if not tok.eos_ids:
+      raise ValueError(f"config key 'policy' ({path}): the tokenizer has no eos token id "
+                       "(tokenizer_config.json eos_token, or eos_token_id in "
+                       "generation_config.json / config.json); generation could never stop")
+    if tok.vocab_size > model.cfg.vocab_size:
+      raise ValueError(f"config key 'policy' ({path}): the tokenizer has {tok.vocab_size} tokens "
+                       f"but the model's vocab_size is {model.cfg.vocab_size}")
+    if "max_seq_len" in cfg.model:
+      model.cfg = model.cfg.replace(max_seq_len=int(cfg.model["max_seq_len"]))
+    extra = []
+    for s in cfg.extra_stop_tokens:
+      tid = tok.token_to_id(s)
+      if tid is None:
+        raise ValueError(f"config key 'extra_stop_tokens': {s!r} is not a token of {path}")
+      extra.append(tid)
+    self.tok = tok
+    self.stop_tokens = tuple(dict.fromkeys([*tok.eos_ids, *extra]))
+    self.pad_id = tok.pad_id
+    if cfg.task in math_data.FILE_TASKS:
+      data = math_data.load_task(cfg.task, cfg.task_spec)
+      caps = {"train": cfg.num_train, "test": cfg.num_test}
+      for split, rows in data.items():
+        if len(rows) > caps[split]:
+          self.log(f"{cfg.task} {split}: using the first {caps[split]} of {len(rows)} records "
+                   f"(num_{split})")
+          data[split] = rows[:caps[split]]
+      template = cfg.prompt_template
+    else:
+      data = builders.build(cfg.task, spec=cfg.task_spec, num_train=cfg.num_train,
+                            num_test=cfg.num_test, seed=cfg.data_seed, data_dir=cfg.data_dir)
+      template = "{question}"  # synthetic prompts are used as they are
+    ids = {}
+    for split, rows in data.items():
+      enc = tok.encode_batch([math_data.format_prompt(template, r["prompt"]) for r in rows])
+      empty = [i for i, e in enumerate(enc) if not e]
+      if empty:
+        raise ValueError(f"{cfg.task} {split}: prompt of record {empty[0]} encodes to no tokens")
+      if cfg.max_prompt_tokens:
+        keep = [i for i, e in enumerate(enc) if len(e) <= cfg.max_prompt_tokens]
+        if len(keep) < len(enc):
+          self.log(f"{cfg.task} {split}: dropped {len(enc) - len(keep)} of {len(enc)} prompts "
+                   f"longer than max_prompt_tokens={cfg.max_prompt_tokens}")
+        if not keep:
+          raise ValueError(f"{cfg.task} {split}: every prompt is longer than max_prompt_tokens="
+                           f"{cfg.max_prompt_tokens}")
+        rows, enc = [rows[i] for i in keep], [enc[i] for i in keep]
+      data[split], ids[split] = rows, enc
+    self.rows = data
+    tp = max(len(e) for split in ids.values() for e in split)
+    self.train_data = _policy_task_arrays(data["train"], ids["train"], tok, tp)
+    self.test_data = _policy_task_arrays(data["test"], ids["test"], tok, tp)
+    self.max_new_tokens = cfg.max_new_tokens
+    if tp + self.max_new_tokens > model.cfg.max_seq_len:
+      raise ValueError(
+          f"prompts of up to {tp} tokens + max_new_tokens {self.max_new_tokens} exceed the "
+          f"policy's max_seq_len {model.cfg.max_seq_len} ({path}/config.json "
+          "max_position_embeddings); lower 'max_prompt_tokens' or 'max_new_tokens', or set "
+          "model={'max_seq_len': ...}")
+    self.model_cfg = model.cfg
+    self.log(f"policy {path}: {model.cfg.num_params() / 1e6:.1f}M parameters, "
+             f"{tok.vocab_size} tokens, stop ids {list(self.stop_tokens)}, pad id {self.pad_id}; "
+             f"{len(data['train'])} train / {len(data['test'])} test prompts of <= {tp} tokens; "
+             "no SFT warm start")
+    return model
 
   # ---------------------------------------------------------------------------------- state
   def init_state(self) -> RLState:
@@ -310,11 +485,21 @@ class Trainer:
   def _score_host(self, tokens: np.ndarray, mask: np.ndarray, idx: np.ndarray, split: int):
     rows = self.rows["test" if split else "train"]
     out = np.zeros(len(idx), np.float32)
+    file_task = self.cfg.task in math_data.FILE_TASKS
     for b, (t, m, i) in enumerate(zip(tokens, mask, idx)):
-      finished = bool(np.any((t == EOS) & m))
       text = self.tok.decode(t[m])
-      out[b] = countdown.score(text, finished, rows[int(i)]["prompt"])
+      if file_task:
+        out[b] = math_data.score_math(text, rows[int(i)]["answer"])
+      else:
+        finished = bool(np.any(np.isin(t, self.stop_tokens) & m))
+        out[b] = countdown.score(text, finished, rows[int(i)]["prompt"])
     return out
+
+  def _final_answer(self, text: str):
+    """The answer a completion votes for in maj@k (None: no answer)."""
+    if self.cfg.task in math_data.FILE_TASKS:
+      return math_data.canonical_answer(math_data.extract_answer(text))
+    return text.split(",")[-1] or None
 
   # ---------------------------------------------------------------------------------- step
   def _prompt_indices(self, cursor, n_items, key):
@@ -520,7 +705,7 @@ class Trainer:
       toks = np.asarray(out.tokens).reshape(per_call, n, -1)[:keep]
       msk = np.asarray(out.mask).reshape(per_call, n, -1)[:keep]
       for pt, pm in zip(toks, msk):
-        answers.append([self.tok.decode(t[m]).split(",")[-1] or None for t, m in zip(pt, pm)])
+        answers.append([self._final_answer(self.tok.decode(t[m])) for t, m in zip(pt, pm)])
       lp = np.asarray(out.policy_logprobs).reshape(per_call, n, -1)[:keep]
       surprisal += float(-(lp * msk).sum())
       tokens_count += int(msk.sum())
@@ -531,6 +716,8 @@ class Trainer:
     res = evm.summarize_passk(correct, diff, evm.ks_up_to(n))
     res["greedy_pass@1"] = float(np.concatenate(greedy).mean())
     refs = [r["answer"] for r in self.rows["test"][:n_prob]]
+    if self.cfg.task in math_data.FILE_TASKS:
+      refs = [math_data.canonical_answer(r) for r in refs]
     for k in [k for k in evm.ks_up_to(n) if k > 1][:3]:
       res[f"maj@{k}"] = evm.majority_at_k(answers, refs, k)
     res["token_entropy"] = surprisal / max(tokens_count, 1)

@@ -1,0 +1,112 @@
+"""DARS / DARS-B at full size (accelerators): the official scripts' Qwen2.5-Math-1.5B setup.
+
+Paper: "Depth-Breadth Synergy in RLVR" (DARS, DARS-B; arXiv 2508.13755). Its abstract gives no
+hyperparameters; the values below are those of the official code (yangzhch6/DARS, a verl fork):
+``experiments/DARS-1.5B-{ET,HW}-Breadth.sh`` for the breadth arms, and for the standard-breadth
+arms the repository's earlier ``scripts/train/DARS-Qwen2.5-Math-1.5B-openr1-nothink-3k-func1-
+bs128-pp2.sh`` (DARS) and ``scripts/train/Qwen2.5-Math-1.5B-openr1-nothink-3k.sh`` (GRPO
+baseline). Comments mark every value that is not from there. The 7B runs of the paper use the
+same scripts with ``MODEL_PATH`` set to Qwen2.5-Math-7B: pass ``policy=/path/to/Qwen2.5-Math-7B``.
+
+Common to every arm: Qwen2.5-Math-1.5B, temperature 1.0, prompts <= 1,024 tokens, completions
+<= 3,072 tokens, N = 8 rollouts per prompt in stage 1, the DARS objective (advantage r - mean
+over the merged group without std, PPO clip 0.2 with verl's dual clip, token sum over a constant
+length, entropy bonus 0.001, no KL and no reference model), AdamW with weight decay 0.01 and a
+constant learning rate, gradient clip 1.0 (the fork's defaults).
+
+* ``grpo-n8``: the baseline, 128 prompts x 8, mini-batches of 64 prompts (2 updates per step),
+  1 epoch, lr 1e-6.
+* ``grpo-n16``: the naive larger N of the CPU table (N = 16, otherwise ``grpo-n8``; not an
+  official script).
+* ``dars-et`` / ``dars-hw``: DARS with the equal-treatment (n_max 32) / hardness-weighted
+  (n_max 64) schedule, 128 prompts, mini-batches of 64 prompts, 2 epochs, lr 1e-6.
+* ``grpo-breadth``: breadth without DARS (3,072 prompts, full-batch updates, 2 epochs, lr 5e-6,
+  86 steps; the DARS-B scripts without the schedule).
+* ``dars-b-et`` / ``dars-b-hw``: DARS-B, the breadth scripts: 3,072 prompts x 8 per step,
+  mini-batch = full batch, 2 epochs (exactly 2 optimizer updates per step), lr 5e-6, 86 steps.
+
+Data: the paper trains on its OpenR1-derived set and evaluates on its ``capacity_val`` set (the
+DARS-Dataset ``openr1.parquet`` / ``capacity_val.parquet``); convert them to MATH-format jsonl
+records (``problem`` and ``answer``) and pass them in ``task_spec``. Evaluation as the breadth
+scripts: 128 samples per problem at temperature 1.0 (pass@1..128).
+
+Deviations: answers are checked by ``rlpost.tasks.math_data`` (boxed answer equivalence) instead
+of the fork's reward; the official stage 2 samples whatever extra rollouts the schedule asks for,
+while here stage 2 has a static budget of P x N rows per step (on average one more N per prompt,
+as in the CPU table; ``dars_budget=0`` gives the never-truncating P x (n_max - N)); the prompt is
+Qwen2.5-Math's chain-of-thought chat prompt (the fork's own template, ``data.use_template``, is
+not reproduced); the standard arms' step count is not stated in the paper's scripts (see
+``STANDARD_STEPS``).
+
+Command (one arm per run):
+
+    python scripts/train.py experiments/dars/full.py:dars-b-et \\
+        policy=/path/to/Qwen2.5-Math-1.5B \\
+        task_spec='{"train": "/path/to/openr1.jsonl", "test": "/path/to/capacity_val.jsonl"}' \\
+        mesh_fsdp=8 run_dir=runs/dars-b-et
+
+Hardware: accelerators; the official runs used one node of 8 GPUs (80 GB class) with vLLM
+rollouts, FSDP and gradient checkpointing. Here one jitted step samples the whole rollout batch
+(stage 2 included) and computes each mini-batch's log-probs and gradient in one pass (attention
+scores materialised, no rematerialisation or gradient accumulation): XLA's memory analysis
+(compiled for CPU, not measured on an accelerator) puts one 4,096-token row of Qwen2.5-Math-1.5B
+at about 90 GB, so the standard arms' 512-1,024-row mini-batches and the breadth arms' 49,152
+rows per step need gradient micro-batching (and, for breadth, rollout micro-batching) that the
+trainer does not have yet. Runtime: not measured. Status: not run at full size here (no
+numbers); ``tests/experiments/test_full_configs.py`` builds every configuration at toy size and
+trains one run of each kind for a step.
+"""
+
+from __future__ import annotations
+
+from experiments import full_size
+from rlpost.tasks import math_data
+
+N = 8
+STANDARD_PROMPTS = 128
+BREADTH_PROMPTS = 3072
+BREADTH_STEPS = 86
+# Not given for the standard arms: the same number of prompts as the breadth arms' 86 steps
+# (86 x 3072 / 128), the CPU table's rule for comparing breadths.
+STANDARD_STEPS = BREADTH_STEPS * BREADTH_PROMPTS // STANDARD_PROMPTS
+
+
+def _base() -> dict:
+  return dict(
+      full_size.common(),
+      task="math", policy=full_size.policy_path("Qwen2.5-Math-1.5B"),
+      task_spec={"train": "data/dars/openr1.jsonl", "test": "data/dars/capacity_val.jsonl"},
+      num_train=10 ** 6, num_test=10 ** 6,  # every record of the files
+      prompt_template=math_data.QWEN_MATH_TEMPLATE,
+      max_prompt_tokens=1024, max_new_tokens=3072,
+      recipe="dars", recipe_args={}, group_size=N,
+      weight_decay=0.01,  # the fork's AdamW default (fsdp_workers.py)
+      eval_problems=10 ** 6, eval_samples=128,  # all test problems, n_val 128
+  )
+
+
+def _standard(**kw) -> dict:
+  return dict(_base(), num_prompts=STANDARD_PROMPTS, num_minibatches=2, lr=1e-6,
+              steps=STANDARD_STEPS, eval_every=10, **kw)  # mini-batch 64 prompts; test_freq 10
+
+
+def _breadth(**kw) -> dict:
+  return dict(_base(), num_prompts=BREADTH_PROMPTS, num_minibatches=1, num_iterations=2,
+              lr=5e-6, steps=BREADTH_STEPS, eval_every=14, **kw)  # test_freq 14
+
+
+def _dars(schedule: str, prompts: int) -> dict:
+  n_max = {"et": 32, "hw": 64}[schedule]
+  return dict(dars_schedule=schedule, dars_n_max=n_max, dars_budget=prompts * N)
+
+
+FULL = {
+    "grpo-n8": _standard(num_iterations=1),
+    "grpo-n16": dict(_standard(num_iterations=1), group_size=2 * N),
+    "dars-et": _standard(num_iterations=2, **_dars("et", STANDARD_PROMPTS)),
+    "dars-hw": _standard(num_iterations=2, **_dars("hw", STANDARD_PROMPTS)),
+    "grpo-breadth": _breadth(),
+    "dars-b-et": _breadth(**_dars("et", BREADTH_PROMPTS)),
+    "dars-b-hw": _breadth(**_dars("hw", BREADTH_PROMPTS)),
+}
+CONFIG = FULL["dars-b-et"]

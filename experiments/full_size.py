@@ -1,0 +1,74 @@
+"""Shared pieces of the experiments' full-size configurations (``experiments/*/full.py``).
+
+A full-size configuration is a dict of ``RLConfig`` values that follows a paper's setup: a
+Hugging Face policy and GSM8K / MATH-format data, both read from local files (nothing is
+downloaded). Paths in the dicts are placeholders under ``checkpoints/`` and ``data/``; pass the
+real ones as overrides::
+
+    python scripts/train.py experiments/mc_grpo/full.py:math-G2-median \\
+        policy=/models/Qwen2.5-Math-1.5B \\
+        task_spec='{"train": "/data/math/train.jsonl", "test": "/data/math500/test.jsonl"}'
+
+The placeholder checkpoint's directory name is the policy's name in ``POLICIES``, which records
+the architecture of its published config.json, so a test can build a tiny random model of the
+same family (same flags, smaller widths) and run every configuration for a step.
+
+Data files: GSM8K as jsonl with ``question`` and ``answer`` ("... #### 72"); MATH-format data
+(MATH, MATH-500, or other sets converted to it) as json / jsonl records with ``problem`` and
+``answer`` or a ``solution`` holding a ``\\boxed{}`` answer, and an optional ``level``.
+"""
+
+from __future__ import annotations
+
+# Architecture of each policy's published config.json (Qwen2ForCausalLM: q/k/v biases, SwiGLU,
+# RMSNorm, RoPE without scaling). Widths are listed for reference; tests mirror the flags
+# (architecture, tied embeddings, rope_theta, rms_norm_eps, context length, query heads per
+# key-value head) at a tiny width.
+POLICIES = {
+    "Qwen2.5-Math-1.5B": dict(
+        architecture="qwen2", hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2,
+        intermediate_size=8960, vocab_size=151936, max_seq_len=4096, rope_theta=10000.0,
+        rms_norm_eps=1e-6, tie_embeddings=True),
+    "Qwen2.5-Math-7B": dict(
+        architecture="qwen2", hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4,
+        intermediate_size=18944, vocab_size=152064, max_seq_len=4096, rope_theta=10000.0,
+        rms_norm_eps=1e-6, tie_embeddings=False),
+    "Qwen2.5-1.5B-Instruct": dict(
+        architecture="qwen2", hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2,
+        intermediate_size=8960, vocab_size=151936, max_seq_len=32768, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, tie_embeddings=True),
+}
+
+# Settings every full-size run shares: the checkpoint is the starting policy (no SFT), bfloat16
+# matmuls over float32 parameters and optimizer state (as FSDP mixed precision in verl / TRL),
+# parameters and optimizer state sharded over the mesh's fsdp axis (set ``mesh_fsdp`` to the
+# number of devices), and Qwen chat turns ending at ``<|im_end|>`` (the base checkpoints' own
+# eos is ``<|endoftext|>``).
+def common() -> dict:
+  """A fresh dict of these shared settings."""
+  return dict(
+      sft_steps=0,
+      model=dict(dtype="bfloat16", param_dtype="float32"),
+      param_sharding="fsdp",
+      extra_stop_tokens=("<|im_end|>",),
+      temperature=1.0,
+      top_p=1.0,
+      grad_clip=1.0,
+      checkpoint_every=50,
+      eval_batch=1024,
+  )
+
+
+def policy_path(name: str) -> str:
+  """Placeholder checkpoint directory of policy ``name`` (its basename is the name)."""
+  if name not in POLICIES:
+    raise ValueError(f"unknown policy {name!r}; known: {sorted(POLICIES)}")
+  return f"checkpoints/{name}"
+
+
+def chat_template(system: str) -> str:
+  """A Qwen chat prompt with ``system`` as the system turn and the question as the user turn,
+  ending where the assistant's turn begins (``apply_chat_template(...,
+  add_generation_prompt=True)`` of the Qwen2.5 tokenizers)."""
+  return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n" + "{question}" +
+          "<|im_end|>\n<|im_start|>assistant\n")

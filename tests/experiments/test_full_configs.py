@@ -1,0 +1,112 @@
+"""Every full-size configuration (``experiments/*/full.py``) builds and trains at toy size.
+
+Each run's policy is replaced by a tiny random checkpoint of the same family (the flags of its
+published config.json, ``experiments.full_size.POLICIES``) and its data by a few GSM8K / MATH
+records; only sizes shrink (``TOY``), everything else (recipe, recipe arguments, learning rate
+and schedule, clip, KL, dtypes, rollout allocation, prompt template, stop tokens) is the
+full-size configuration's own.
+"""
+
+import importlib
+import os
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("safetensors")
+pytest.importorskip("tokenizers")
+
+import hf_policy_testutil as hpt  # noqa: E402
+
+from experiments import full_size  # noqa: E402
+from rlpost.train import config as config_lib  # noqa: E402
+from rlpost.train import rl  # noqa: E402
+
+EXPERIMENTS = ("mc_grpo", "ace", "dars")
+# Sizes that shrink; every other key keeps the full-size value.
+TOY = dict(num_prompts=2, steps=1, max_new_tokens=8, num_train=4, num_test=3, eval_every=1,
+           eval_problems=2, eval_samples=2, eval_batch=8, checkpoint_every=1, mesh_fsdp=1)
+# Sizes that scale with the prompts per step or with the completion length.
+SCALED = ("dars_budget", "recipe_args")
+# One run per distinct code path: objective x rollout allocation x task x policy family.
+STEP_RUNS = [("mc_grpo", "math-G2-median"), ("mc_grpo", "math-G2-mean_drop"),
+             ("mc_grpo", "gsm8k-G4-mean"), ("ace", "ace-dapo-0.5"), ("ace", "dapo"),
+             ("dars", "dars-hw"), ("dars", "dars-b-et")]
+
+
+def full_runs(experiment: str) -> dict:
+  return importlib.import_module(f"experiments.{experiment}.full").FULL
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+  """Data files and one tiny checkpoint per policy named by the full-size configurations."""
+  root = tmp_path_factory.mktemp("full")
+  data = hpt.write_math_data(root / "data")
+  templates, names = set(), set()
+  for e in EXPERIMENTS:
+    for cfg in full_runs(e).values():
+      templates.add(cfg["prompt_template"])
+      names.add(os.path.basename(cfg["policy"]))
+  policies = {n: hpt.write_policy_like(root / n, full_size.POLICIES[n], texts=sorted(templates))
+              for n in sorted(names)}
+  return dict(data=data, policies=policies)
+
+
+def toy(cfg: dict, env) -> dict:
+  """``cfg`` at toy size on the tiny checkpoint and files that stand in for its own."""
+  out = dict(cfg, **TOY, policy=env["policies"][os.path.basename(cfg["policy"])],
+             task_spec=env["data"][cfg["task"]])
+  scale_p = TOY["num_prompts"] / cfg["num_prompts"]
+  scale_n = TOY["max_new_tokens"] / cfg["max_new_tokens"]
+  if cfg.get("dars_budget"):
+    out["dars_budget"] = max(1, round(cfg["dars_budget"] * scale_p))
+  if "overlong_buffer" in cfg["recipe_args"]:
+    out["recipe_args"] = dict(cfg["recipe_args"],
+                              overlong_buffer=max(1, round(cfg["recipe_args"]["overlong_buffer"]
+                                                           * scale_n)))
+  changed = {k for k in set(cfg) | set(out) if cfg.get(k) != out.get(k)}
+  assert changed <= set(TOY) | set(SCALED) | {"policy", "task_spec"}, changed
+  return out
+
+
+def test_every_full_config_builds_at_toy_size(env):
+  """Every run validates and builds its recipe at full size, and at toy size loads its policy
+  family and data into a trainer."""
+  count = 0
+  for e in EXPERIMENTS:
+    for name, cfg in full_runs(e).items():
+      assert os.path.basename(cfg["policy"]) in full_size.POLICIES, (e, name)
+      assert cfg["sft_steps"] == 0 and cfg["task"] in ("gsm8k", "math")
+      full = config_lib.from_dict(rl.RLConfig, cfg)
+      assert rl._recipe(full, full.max_new_tokens).name == cfg["recipe"]
+      tr = rl.make_train(toy(cfg, env), log=lambda s: None)
+      arch = full_size.POLICIES[os.path.basename(cfg["policy"])]
+      mc = tr.model_cfg
+      assert (mc.tie_embeddings, mc.rope_theta, mc.qkv_bias) == (
+          arch["tie_embeddings"], arch["rope_theta"], True), (e, name)
+      assert mc.max_seq_len == cfg["model"].get("max_seq_len", arch["max_seq_len"])
+      assert mc.num_heads // mc.num_kv_heads == arch["num_heads"] // arch["num_kv_heads"]
+      assert tr.cfg.recipe == cfg["recipe"] and tr.cfg.lr == cfg["lr"]
+      count += 1
+  assert count == sum(len(full_runs(e)) for e in EXPERIMENTS) >= 29
+
+
+@pytest.mark.parametrize("experiment,name", STEP_RUNS, ids=[f"{e}:{n}" for e, n in STEP_RUNS])
+def test_full_config_trains_one_step_and_evaluates(env, experiment, name):
+  cfg = full_runs(experiment)[name]
+  tr = rl.make_train(toy(cfg, env), log=lambda s: None)
+  state, m = tr.step(tr.init_state())
+  m = jax.device_get(m)
+  rl.raise_if_bad(m, 1)
+  assert np.isfinite(float(m["loss"])) and np.isfinite(float(m["grad_norm"]))
+  assert {"loss", "reward", "accuracy", "grad_norm", "truncated", "logp_mismatch"} <= set(m)
+  if cfg.get("dars_schedule"):
+    assert {"dars_extra_rollouts", "dars_rescued", "kept_groups"} <= set(m)
+  if cfg["recipe"] == "ace":
+    assert {"overconfident_errors", "confidence_shift"} <= set(m)
+  assert int(state.step) == 1 and int(state.cursor) == TOY["num_prompts"]
+  res = tr.evaluate(state.params)
+  assert {"pass@1", "pass@2", "accuracy", "greedy_pass@1", "maj@2", "token_entropy"} <= set(res)
+  assert all(np.isfinite(v) for v in res.values())
