@@ -10,7 +10,8 @@ Each entry of ``EXPERIMENTS`` names a module with ``run(args)``; ``args`` carrie
 ``no_progress``. Adding an experiment is one line here.
 
 For the experiments in ``DOC_SYNCED``, a full run into the default ``results/<name>`` also
-rewrites the results block at the end of the module's docstring (``experiments/docsync.py``).
+rewrites the results block at the end of the module's docstring and the results section of its
+README (``experiments/docsync.py``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def main(argv=None):
       ap.error(f"{args.experiment} has no generated docstring block (those that do: {DOC_SYNCED})")
     changed = docsync.sync(args.experiment)
     print(f"{docsync.module_path(args.experiment)}: {'updated' if changed else 'up to date'}")
+    changed = docsync.sync_readme(args.experiment)
+    print(f"experiments/{args.experiment}/README.md: {'updated' if changed else 'up to date'}")
     return None
   default_out = args.out is None
   if args.seeds is not None and args.seeds < 1:
@@ -64,6 +67,7 @@ def main(argv=None):
   result = module.run(args)
   if default_out and not args.quick and args.experiment in DOC_SYNCED:
     docsync.sync(args.experiment)
+    docsync.sync_readme(args.experiment)
   return result
 
 

@@ -322,12 +322,16 @@ class Transformer(nnx.Module):
       self.lm_head = _dense(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)
 
   def hidden(self, tokens, positions, attn_mask, cache: KVCache | None = None, cache_index=0,
-             rope_cs: tuple[jax.Array, jax.Array] | None = None, select: jax.Array | None = None):
+             rope_cs: tuple[jax.Array, jax.Array] | None = None, select: jax.Array | None = None,
+             remat: bool = False):
     """Final-norm hidden states [B, T, E] and the updated cache.
 
     ``select``: optionally slots [B, N] int32; then only those positions are normed and
     returned, [B, N, E] (what a caller that scores N tokens per row needs; the final norm is
     per position, so this equals gathering the full result).
+    ``remat``: recompute each layer's activations in the backward pass (``jax.checkpoint``
+    per layer) instead of keeping them: activation memory of one layer instead of L, for about
+    one more forward pass of compute. Only without a cache (training passes).
 
     ``rope_cs``: optionally ``rope_tables(positions, head_dim, rope_theta, rope_scaling)``,
     e.g. gathered from a table that a decode loop computed once before the loop. Otherwise
@@ -341,8 +345,17 @@ class Transformer(nnx.Module):
       rope_cs = rope_tables(positions, cfg.resolved_head_dim, cfg.rope_theta, cfg.rope_scaling)
     new_cache = []
     for i, layer in enumerate(self.layers):
-      x, c = layer(x, positions, attn_mask, None if cache is None else cache[i], cache_index,
-                   rope_cs)
+      if remat and cache is None:
+        graphdef, state = nnx.split(layer)
+
+        def run(state, x, graphdef=graphdef):
+          return nnx.merge(graphdef, state)(x, positions, attn_mask, None, cache_index,
+                                            rope_cs)[0]
+
+        x, c = jax.checkpoint(run)(state, x), None
+      else:
+        x, c = layer(x, positions, attn_mask, None if cache is None else cache[i], cache_index,
+                     rope_cs)
       new_cache.append(c)
     if select is not None:
       x = jnp.take_along_axis(x, select[..., None], axis=1)
@@ -410,18 +423,71 @@ def completion_logprobs(model: Transformer, prompt_tokens: jax.Array, prompt_mas
   token j > 0 at slot Tp + j - 1. This is what the trainer recomputes under its parameters and
   what the sampler's ``policy_logprobs`` must equal.
   """
+  h = _completion_hidden(model, prompt_tokens, prompt_mask, completion_tokens, completion_mask)
+  logits = model.logits(h)  # [B, N, V]
+  logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), completion_tokens[..., None],
+                             axis=-1)[..., 0]
+  logp = jnp.where(completion_mask, logp, 0.0)
+  return (logp, logits) if return_logits else logp
+
+
+def _completion_hidden(model: Transformer, prompt_tokens, prompt_mask, completion_tokens,
+                       completion_mask, *, remat: bool = False) -> jax.Array:
+  """Final-norm hidden states [B, N, E] of the positions that predict each completion token."""
   tp, n = prompt_tokens.shape[1], completion_tokens.shape[1]
   tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1)
   mask = jnp.concatenate([prompt_mask.astype(bool), completion_mask.astype(bool)], axis=1)
   last = tp - 1 - jnp.argmax(prompt_mask[:, ::-1].astype(bool), axis=-1)  # [B]
   follow = jnp.broadcast_to(tp + jnp.arange(n - 1), (tokens.shape[0], n - 1))
   slots = jnp.concatenate([last[:, None], follow], axis=1)  # [B, N]
-  h, _ = model.hidden(tokens, positions_from_mask(mask), causal_padding_mask(mask), select=slots)
-  logits = model.logits(h)  # [B, N, V]
-  logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), completion_tokens[..., None],
-                             axis=-1)[..., 0]
+  h, _ = model.hidden(tokens, positions_from_mask(mask), causal_padding_mask(mask), select=slots,
+                      remat=remat)
+  return h
+
+
+def _score_chunk(model: Transformer, h: jax.Array, tokens: jax.Array,
+                 entropy: bool) -> tuple[jax.Array, jax.Array | None]:
+  """log p(tokens) [B, C] and optionally the entropy [B, C] from hidden states h [B, C, E]."""
+  logits = model.logits(h)
+  logp_all = jax.nn.log_softmax(logits, axis=-1)
+  logp = jnp.take_along_axis(logp_all, tokens[..., None], axis=-1)[..., 0]
+  ent = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1) if entropy else None
+  return logp, ent
+
+
+def completion_scores(model: Transformer, prompt_tokens: jax.Array, prompt_mask: jax.Array,
+                      completion_tokens: jax.Array, completion_mask: jax.Array, *,
+                      entropy: bool = False, logits_chunk: int = 0,
+                      remat: bool = False) -> tuple[jax.Array, jax.Array | None]:
+  """What a policy-gradient loss needs, at bounded memory: (logp [B, N], entropy [B, N] or None).
+
+  The values of ``completion_logprobs`` (0 where the completion is masked) and, with
+  ``entropy``, the per-token entropy of the predicting distribution (as
+  ``objectives.token_entropy`` of its logits), both float32.
+
+  ``logits_chunk`` > 0: the LM head, log-softmax and entropy run over chunks of that many
+  completion positions, each recomputed in the backward pass, so no [B, N, V] tensor is ever
+  held (with a 150k vocabulary that is 0.6 MB per token in float32). ``remat``: per-layer
+  rematerialisation of the decoder (``Transformer.hidden``). Both change memory, not values.
+  """
+  b, n = completion_tokens.shape
+  h = _completion_hidden(model, prompt_tokens, prompt_mask, completion_tokens, completion_mask,
+                         remat=remat)  # [B, N, E]
+  if logits_chunk <= 0 or logits_chunk >= n:
+    logp, ent = _score_chunk(model, h, completion_tokens, entropy)
+  else:
+    c = logits_chunk
+    k = -(-n // c)
+    pad = k * c - n
+    hc = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(b, k, c, -1).transpose(1, 0, 2, 3)
+    tc = jnp.pad(completion_tokens, ((0, 0), (0, pad))).reshape(b, k, c).transpose(1, 0, 2)
+    score = jax.checkpoint(lambda x: _score_chunk(model, x[0], x[1], entropy))
+    logp, ent = jax.lax.map(score, (hc, tc))  # [K, B, C]
+    logp = logp.transpose(1, 0, 2).reshape(b, k * c)[:, :n]
+    if entropy:
+      ent = ent.transpose(1, 0, 2).reshape(b, k * c)[:, :n]
   logp = jnp.where(completion_mask, logp, 0.0)
-  return (logp, logits) if return_logits else logp
+  return logp, ent
 
 
 def apply(graphdef: nnx.GraphDef, params: nnx.State, *args, **kwargs):

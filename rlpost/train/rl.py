@@ -102,6 +102,14 @@ class RLConfig:
   grad_clip: float = 1.0
   num_iterations: int = 1
   num_minibatches: int = 1
+  # memory: each optimizer mini-batch in grad_accum sequential micro-batches (gradients summed,
+  # the loss exactly the mini-batch's); per-layer rematerialisation; the LM head over chunks of
+  # logits_chunk completion positions (0: all at once). Values are unchanged by all three.
+  grad_accum: int = 1
+  remat: bool = False
+  logits_chunk: int = 0
+  # rollouts sampled in sequential chunks of this many rows (0: all at once): bounds the KV cache
+  rollout_chunk: int = 0
   steps: int = 500
   seed: int = 0
   # evaluation
@@ -171,6 +179,8 @@ class RLConfig:
     need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
     need(self.num_iterations >= 1, "num_iterations", "must be >= 1")
     need(self.num_minibatches >= 1, "num_minibatches", "must be >= 1")
+    need(self.grad_accum >= 1, "grad_accum", "must be >= 1")
+    need(self.logits_chunk >= 0, "logits_chunk", "must be >= 0")
     need(self.eval_samples >= 1, "eval_samples", "must be >= 1")
     if self.averaging:
       from rlpost import averaging
@@ -206,6 +216,17 @@ class RLConfig:
     need((rows // self.num_minibatches) % n_dev == 0,
          "num_prompts", f"the mini-batch of {rows // self.num_minibatches} rollouts must be "
          f"divisible by the {n_dev} devices of the mesh")
+    if self.rollout_chunk:
+      calls = [self.num_prompts * self.group_size * self.dynamic_sampling_factor]
+      if self.dars_schedule:
+        calls.append(self.resolved_dars_budget)
+      need(self.rollout_chunk % n_dev == 0 and all(c % self.rollout_chunk == 0 for c in calls),
+           "rollout_chunk", f"must divide every sampling call's rows {calls} and be divisible "
+           f"by the {n_dev} devices of the mesh")
+    mb = rows // self.num_minibatches
+    need(mb % self.grad_accum == 0 and (mb // self.grad_accum) % n_dev == 0, "grad_accum",
+         f"must split the mini-batch of {mb} rollouts into micro-batches divisible by the "
+         f"{n_dev} devices of the mesh")
     if self.recipe not in obj.list_recipes():
       raise ValueError(f"config key 'recipe': unknown recipe {self.recipe!r}; "
                        f"known: {list(obj.list_recipes())}")
@@ -517,18 +538,31 @@ class Trainer:
     spec = sharding.batch_spec(x.ndim)
     return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(self.mesh, spec))
 
-  def _policy_logp(self, params, prompts, pmask, tokens, tmask):
+  def _policy_logp(self, params, prompts, pmask, tokens, tmask, *, entropy: bool = False):
+    """logp [R, N] of completions under ``params`` and, with ``entropy``, the token entropy."""
     model = nnx.merge(self.graphdef, params)
-    logp, logits = tfm.completion_logprobs(model, prompts, pmask, tokens, tmask, return_logits=True)
-    ent = obj.token_entropy(logits) if self.needs_entropy else None
-    return logp, ent
+    return tfm.completion_scores(model, prompts, pmask, tokens, tmask, entropy=entropy,
+                                 logits_chunk=self.cfg.logits_chunk, remat=self.cfg.remat)
 
   def _sample_rows(self, params, idx, key):
     """Sample and score one completion per row for prompts ``idx`` [R] (rows split over the mesh)."""
     data = self.train_data
     idx = self._rows(idx)
     prompts, pmask = self._rows(data.prompt_tokens[idx]), self._rows(data.prompt_mask[idx])
-    out = sampling.sample(self.graphdef, params, prompts, pmask, key, cfg=self.sampling_cfg)
+    r, c = idx.shape[0], self.cfg.rollout_chunk
+    if c <= 0 or c >= r:
+      out = sampling.sample(self.graphdef, params, prompts, pmask, key, cfg=self.sampling_cfg)
+    else:
+      # Sequential chunks of c rows (one KV cache of c rows at a time), each with its own key.
+      def chunk(args):
+        p, m, k = args
+        return sampling.sample(self.graphdef, params, self._rows(p), self._rows(m), k,
+                               cfg=self.sampling_cfg)
+
+      out = jax.lax.map(chunk, (prompts.reshape(r // c, c, -1), pmask.reshape(r // c, c, -1),
+                                jax.random.split(key, r // c)))
+      out = jax.tree.map(lambda x: self._rows(x.reshape(r, *x.shape[2:])) if x.ndim >= 2
+                         else jnp.max(x), out)  # per-chunk scalars (num_steps): the longest
     rewards, correct = self._reward(out.tokens, out.mask, idx, data)
     return Rollouts(idx, prompts, pmask, out.tokens, out.mask, out.policy_logprobs,
                     out.finish_reason, rewards, correct)
@@ -604,7 +638,19 @@ class Trainer:
     b = ro.rewards.shape[0]
     ref_logp = None
     if self.needs_ref:
-      ref_logp, _ = self._policy_logp(self.ref_params, ro.prompts, ro.pmask, ro.tokens, ro.mask)
+      # In the update's micro-batch size (one call when the update takes all rows at once).
+      chunk = b // (cfg.num_minibatches * cfg.grad_accum)
+
+      def ref_rows(r):
+        r = self._rows(r)
+        return self._policy_logp(self.ref_params, ro.prompts[r], ro.pmask[r], ro.tokens[r],
+                                 ro.mask[r])[0]
+
+      if chunk == b:
+        ref_logp = ref_rows(jnp.arange(b))
+      else:
+        ref_logp = jax.lax.map(ref_rows, jnp.arange(b).reshape(-1, chunk))
+        ref_logp = ref_logp.reshape(b, -1)
       ref_logp = jax.lax.stop_gradient(ref_logp)
     batch = RolloutBatch(group_id=group, valid=valid, tokens=ro.tokens, token_mask=ro.mask,
                          rewards=ro.rewards, behaviour_logp=ro.logp, ref_logp=ref_logp,
@@ -614,24 +660,56 @@ class Trainer:
 
     mb = b // cfg.num_minibatches
 
-    def minibatch_update(carry, rows):
-      params, opt_state = carry
+    def loss_parts(params, rows):
+      """The recipe's (sum, denominator) loss over rollout rows ``rows``, its metrics (also
+      pairs) and the sampler-vs-trainer log-prob gap as a pair; pairs of disjoint row sets add
+      up (``obj.combine``), which is what makes micro-batching exact."""
       rows = self._rows(rows)
       sub = jax.tree.map(lambda x: x[rows], batch)
+      logp, ent = self._policy_logp(params, ro.prompts[rows], ro.pmask[rows], sub.tokens,
+                                    sub.token_mask, entropy=self.needs_entropy)
+      parts, metrics = self.recipe.loss_fn(logp, sub, adv.values[rows], adv.weights[rows],
+                                           entropy=ent)
+      # Sampler vs trainer log-probs of the same tokens; only the first mini-batch of the
+      # first epoch sees the sampling parameters, so only that value is reported.
+      tok = sub.token_mask & sub.valid[:, None]
+      gap = jnp.abs(jax.lax.stop_gradient(logp) - sub.behaviour_logp)
+      mismatch = obj.LossParts(jnp.sum(jnp.where(tok, gap, 0.0)),
+                               jnp.sum(tok).astype(jnp.float32))
+      return parts, (metrics, mismatch)
 
-      def loss_fn(params):
-        logp, ent = self._policy_logp(params, ro.prompts[rows], ro.pmask[rows], sub.tokens,
-                                      sub.token_mask)
-        parts, metrics = self.recipe.loss_fn(logp, sub, adv.values[rows], adv.weights[rows],
-                                             entropy=ent)
-        # Sampler vs trainer log-probs of the same tokens; only the first mini-batch of the
-        # first epoch sees the sampling parameters, so only that value is reported.
-        tok = sub.token_mask & sub.valid[:, None]
-        gap = jnp.abs(jax.lax.stop_gradient(logp) - sub.behaviour_logp)
-        mismatch = jnp.sum(jnp.where(tok, gap, 0.0)) / jnp.maximum(jnp.sum(tok), 1)
-        return obj.finalize(parts), (metrics, mismatch)
+    def minibatch_grads(params, rows):
+      """(loss, metrics, mismatch, grads) of one mini-batch, over grad_accum micro-batches."""
+      if cfg.grad_accum == 1:
+        def loss_fn(params):
+          parts, aux = loss_parts(params, rows)
+          return obj.finalize(parts), aux
 
-      (loss, (metrics, mismatch)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        (loss, (metrics, mismatch)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        return loss, metrics, obj.finalize(mismatch), grads
+
+      def micro(acc, r):
+        # d(sum)/d(params) per micro-batch; the denominators (token or row counts) do not
+        # depend on the parameters, so the mini-batch gradient is the summed one over the
+        # summed denominator, as for the loss.
+        def sum_fn(params):
+          parts, aux = loss_parts(params, r)
+          return parts.sum, (parts, aux)
+
+        (_, out), g = jax.value_and_grad(sum_fn, has_aux=True)(params)
+        return jax.tree.map(jnp.add, acc, (g, out)), None
+
+      micro_rows = rows.reshape(cfg.grad_accum, -1)
+      shapes = jax.eval_shape(lambda p, r: (jax.grad(lambda q: loss_parts(q, r)[0].sum)(p),
+                                            loss_parts(p, r)), params, micro_rows[0])
+      zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+      (g_sum, (parts, (metrics, mismatch))), _ = jax.lax.scan(micro, zeros, micro_rows)
+      grads = jax.tree.map(lambda g: obj.safe_divide(g, parts.denominator), g_sum)
+      return obj.finalize(parts), metrics, obj.finalize(mismatch), grads
+
+    def minibatch_update(carry, rows):
+      params, opt_state = carry
+      loss, metrics, mismatch, grads = minibatch_grads(params, rows)
       updates, opt_state = self.optimizer.update(grads, opt_state, params)
       params = optax.apply_updates(params, updates)
       stats = {k: obj.finalize(v) for k, v in metrics.items()}

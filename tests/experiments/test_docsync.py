@@ -1,4 +1,4 @@
-"""Experiment docstrings carry exactly the paper-claims tables their last full run wrote."""
+"""Experiment docstrings and READMEs carry exactly the tables their last full run wrote."""
 
 import importlib
 import os
@@ -22,6 +22,15 @@ def test_docstring_block_matches_results_table(name):
   assert "| claim (paper) | ours | verdict |" in block
 
 
+@pytest.mark.parametrize("name", reproduce.DOC_SYNCED)
+def test_readme_results_match_results_table(name):
+  with open(os.path.join(ROOT, "experiments", name, "README.md")) as f:
+    text = f.read()
+  assert docsync.readme_section(name) in text, (
+      f"experiments/{name}/README.md is out of date with results/{name}/table.md: run "
+      f"scripts/reproduce.py {name} --sync-docs")
+
+
 def test_sync_rewrites_only_the_block(tmp_path, monkeypatch):
   exp = tmp_path / "experiments" / "toy"
   exp.mkdir(parents=True)
@@ -42,6 +51,14 @@ def test_sync_rewrites_only_the_block(tmp_path, monkeypatch):
   assert docsync.sync("toy")
   text = (exp / "__init__.py").read_text()
   assert "+0.3 [" in text and "+0.1 [" not in text and text.count(docsync.END) == 1
+  readme = exp / "README.md"
+  readme.write_text("# Toy\n\nIntro.\n\n" + docsync.RESULTS_HEADING.format(name="toy") +
+                    "\n\nold\n\n## Full size (accelerators)\n\nkept\n")
+  assert docsync.sync_readme("toy")
+  text = readme.read_text()
+  assert "old" not in text and "+0.3 [" in text and "not copied" in text  # the whole table
+  assert text.startswith("# Toy\n\nIntro.") and text.endswith("## Full size (accelerators)\n\nkept\n")
+  assert not docsync.sync_readme("toy")
   (res / "table.md").write_text("# no claims\n")
   with pytest.raises(ValueError, match="Paper claims"):
     docsync.results_block("toy")
