@@ -40,13 +40,13 @@ Command (one arm per run):
         mesh_fsdp=8 run_dir=runs/ace-dapo-0.5
 
 Hardware: accelerators; verl's recipe is written for 8 nodes x 8 GPUs with sequence parallelism,
-gradient checkpointing and parameter offload. Here one jitted step samples all 8,192 rollouts of
-up to 10,240 tokens at once (about 4.8 TB of bfloat16 KV cache for the 7B model, by its shapes)
-and computes a 512-row mini-batch's gradient in one pass; XLA's memory analysis (compiled for
-CPU, not measured on an accelerator) puts one 10,240-token row at about 1.1 TB of activations
-(attention scores are materialised). This configuration therefore needs rollout and gradient
-micro-batching, rematerialisation and a memory-efficient attention, which the trainer does not
-have yet. Runtime: not measured. Status: not run at full size here (no numbers);
+gradient checkpointing and parameter offload. Planned here with rollouts sampled 128 rows at a
+time, per-layer rematerialisation, the LM head in 512-token chunks and one row per device per
+gradient micro-batch (``full_size.with_memory_plan``). That is still not enough: XLA's memory
+analysis (compiled for CPU, one device; not measured on an accelerator) puts one 10,240-token
+row of the 7B model at 88 GiB of temporaries, most of it the attention scores of one layer
+(28 heads x 10,240^2 in float32). This configuration needs a memory-efficient (blockwise)
+attention for the training pass or sequence parallelism, which the trainer does not have yet. Runtime: not measured. Status: not run at full size here (no numbers);
 ``tests/experiments/test_full_configs.py`` builds every configuration at toy size and trains one
 run of each kind for a step.
 """
@@ -95,4 +95,7 @@ def full_config(alpha: float | None) -> dict:
 
 
 FULL = {"dapo": full_config(None), **{f"ace-dapo-{a}": full_config(a) for a in ALPHAS}}
+# One 10,240-token row per device per micro-batch, 16 rollout rows per device at a time.
+FULL = {k: full_size.with_memory_plan(v, train_rows_per_device=1, rollout_rows_per_device=16)
+        for k, v in FULL.items()}
 CONFIG = FULL[f"ace-dapo-{MAIN_ALPHA}"]

@@ -46,13 +46,11 @@ Command (one arm per run):
         mesh_fsdp=8 run_dir=runs/dars-b-et
 
 Hardware: accelerators; the official runs used one node of 8 GPUs (80 GB class) with vLLM
-rollouts, FSDP and gradient checkpointing. Here one jitted step samples the whole rollout batch
-(stage 2 included) and computes each mini-batch's log-probs and gradient in one pass (attention
-scores materialised, no rematerialisation or gradient accumulation): XLA's memory analysis
-(compiled for CPU, not measured on an accelerator) puts one 4,096-token row of Qwen2.5-Math-1.5B
-at about 90 GB, so the standard arms' 512-1,024-row mini-batches and the breadth arms' 49,152
-rows per step need gradient micro-batching (and, for breadth, rollout micro-batching) that the
-trainer does not have yet. Runtime: not measured. Status: not run at full size here (no
+rollouts, FSDP and gradient checkpointing. Planned here for that node (``mesh_fsdp=8``): rollouts
+sampled 512 rows at a time, per-layer rematerialisation, the LM head in 512-token chunks and
+gradient micro-batches of about 4 rows per device (``full_size.with_memory_plan``). XLA's memory
+analysis (compiled for CPU, one device; not measured on an accelerator): a Qwen2.5-Math-1.5B row
+of 1,024 + 3,072 tokens needs about 3 GiB beyond a fixed 14 GiB with these settings. Runtime: not measured. Status: not run at full size here (no
 numbers); ``tests/experiments/test_full_configs.py`` builds every configuration at toy size and
 trains one run of each kind for a step.
 """
@@ -109,4 +107,5 @@ FULL = {
     "dars-b-et": _breadth(**_dars("et", BREADTH_PROMPTS)),
     "dars-b-hw": _breadth(**_dars("hw", BREADTH_PROMPTS)),
 }
+FULL = {k: full_size.with_memory_plan(v) for k, v in FULL.items()}
 CONFIG = FULL["dars-b-et"]

@@ -37,12 +37,12 @@ Command (one arm per run; every arm has the same shape of command):
         mesh_fsdp=8 run_dir=runs/mc_grpo-math-G2-median
 
 Hardware: accelerators; the official runs used 4 (MATH) and 2 (GSM8K) GPUs with vLLM rollouts,
-DeepSpeed ZeRO-3 and gradient checkpointing. Here one jitted step computes each mini-batch's
-log-probs and gradient in one pass (attention scores materialised, no rematerialisation or
-gradient accumulation): XLA's memory analysis (compiled for CPU, not measured on an accelerator)
-puts one row at about 75 GB for the MATH shape (Qwen2.5-Math-1.5B, 512 + 3,072 tokens) and 20 GB
-for the GSM8K shape (1,536 tokens), so the 64-192-row batches of these arms do not fit a node of
-8 accelerators until the trainer micro-batches the gradient. Runtime: not measured. Status: not
+DeepSpeed ZeRO-3 and gradient checkpointing. Planned here for one node of 8 (``mesh_fsdp=8``,
+parameters and optimizer state sharded), with per-layer rematerialisation, the LM head in
+512-token chunks and micro-batches of about 4 rows per device (``full_size.with_memory_plan``).
+XLA's memory analysis (compiled for CPU, one device; not measured on an accelerator): a MATH row
+(512 + 3,072 tokens) needs 3.0 GiB and a GSM8K row (512 + 1,024) 1.0 GiB beyond a fixed 13 GiB,
+against 69 GiB per MATH row without remat and chunks. Runtime: not measured. Status: not
 run at full size here (no numbers); ``tests/experiments/test_full_configs.py`` builds every
 configuration at toy size and trains one run of each kind for a step.
 """
@@ -115,6 +115,6 @@ def full_config(dataset: str, g: int, baseline: str) -> dict:
   return cfg
 
 
-FULL = {f"{d}-G{g}-{b}": full_config(d, g, b)
+FULL = {f"{d}-G{g}-{b}": full_size.with_memory_plan(full_config(d, g, b))
         for d in DATASETS for g in GROUP_SIZES for b in BASELINES}
 CONFIG = FULL["math-G2-median"]

@@ -344,19 +344,27 @@ class Transformer(nnx.Module):
     if rope_cs is None:
       rope_cs = rope_tables(positions, cfg.resolved_head_dim, cfg.rope_theta, cfg.rope_scaling)
     new_cache = []
-    for i, layer in enumerate(self.layers):
-      if remat and cache is None:
-        graphdef, state = nnx.split(layer)
+    if remat and cache is None:
+      # A scan over the layers' stacked parameters with a checkpointed body: the backward scan
+      # recomputes one layer at a time, so only the L layer inputs stay live, whatever the
+      # backend's scheduler (with a Python loop of checkpointed layers XLA:CPU hoisted the
+      # recomputations and kept every layer's activations).
+      graphdef = nnx.split(self.layers[0])[0]
+      stacked = jax.tree.map(lambda *xs: jnp.stack(xs),
+                             *[nnx.split(layer)[1] for layer in self.layers])
 
-        def run(state, x, graphdef=graphdef):
-          return nnx.merge(graphdef, state)(x, positions, attn_mask, None, cache_index,
-                                            rope_cs)[0]
+      @jax.checkpoint
+      def run(x, state):
+        return nnx.merge(graphdef, state)(x, positions, attn_mask, None, cache_index,
+                                          rope_cs)[0], None
 
-        x, c = jax.checkpoint(run)(state, x), None
-      else:
+      x, _ = jax.lax.scan(run, x, stacked)
+      new_cache = [None] * len(self.layers)
+    else:
+      for i, layer in enumerate(self.layers):
         x, c = layer(x, positions, attn_mask, None if cache is None else cache[i], cache_index,
                      rope_cs)
-      new_cache.append(c)
+        new_cache.append(c)
     if select is not None:
       x = jnp.take_along_axis(x, select[..., None], axis=1)
     return self.final_norm(x), (None if cache is None else tuple(new_cache))

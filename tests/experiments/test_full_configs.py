@@ -26,7 +26,8 @@ from rlpost.train import rl  # noqa: E402
 EXPERIMENTS = ("mc_grpo", "ace", "dars")
 # Sizes that shrink; every other key keeps the full-size value.
 TOY = dict(num_prompts=2, steps=1, max_new_tokens=8, num_train=4, num_test=3, eval_every=1,
-           eval_problems=2, eval_samples=2, eval_batch=8, checkpoint_every=1, mesh_fsdp=1)
+           eval_problems=2, eval_samples=2, eval_batch=8, checkpoint_every=1, mesh_fsdp=1,
+           grad_accum=1, rollout_chunk=0)
 # Sizes that scale with the prompts per step or with the completion length.
 SCALED = ("dars_budget", "recipe_args")
 # One run per distinct code path: objective x rollout allocation x task x policy family.
@@ -110,3 +111,24 @@ def test_full_config_trains_one_step_and_evaluates(env, experiment, name):
   res = tr.evaluate(state.params)
   assert {"pass@1", "pass@2", "accuracy", "greedy_pass@1", "maj@2", "token_entropy"} <= set(res)
   assert all(np.isfinite(v) for v in res.values())
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_memory_plans_fit_the_planned_node(experiment):
+  """Every full-size run micro-batches its gradient and rollouts consistently with the batch it
+  trains on and the 8 devices it is planned for (what RLConfig.validate checks at launch)."""
+  d = full_size.DEVICES
+  for name, cfg in full_runs(experiment).items():
+    assert cfg["remat"] and cfg["logits_chunk"] == 512, name
+    rows = cfg["num_prompts"] * cfg["group_size"] + cfg.get("dars_budget", 0)
+    mb = rows // cfg.get("num_minibatches", 1)
+    a = cfg["grad_accum"]
+    assert mb % a == 0 and (a == 1 or (mb // a) % d == 0), (name, mb, a)
+    assert mb // a <= max(d * full_size.TRAIN_ROWS_PER_DEVICE * 2, mb // a if a == 1 else 0), name
+    c = cfg["rollout_chunk"]
+    if c:
+      assert c % d == 0 and rows % c == 0, (name, rows, c)
+  plan = full_size.with_memory_plan(dict(num_prompts=16, group_size=8, num_minibatches=2))
+  assert plan["grad_accum"] == 2 and plan["rollout_chunk"] == 0  # 64-row mini-batches, 32 rows
+  plan = full_size.with_memory_plan(dict(num_prompts=128, group_size=8))
+  assert plan["grad_accum"] == 32 and plan["rollout_chunk"] == 512
