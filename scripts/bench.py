@@ -403,8 +403,9 @@ def _sort_filter_logits(logits, *, temperature, top_k, top_p):
 
 
 def _hidden_inline_rope(orig):
-  def hidden(self, tokens, positions, attn_mask, cache=None, cache_index=0, rope_cs=None):
-    return orig(self, tokens, positions, attn_mask, cache, cache_index, None)
+  def hidden(self, tokens, positions, attn_mask, cache=None, cache_index=0, rope_cs=None,
+             **kwargs):
+    return orig(self, tokens, positions, attn_mask, cache, cache_index, None, **kwargs)
   return hidden
 
 

@@ -138,3 +138,9 @@ def test_scaling_quick(tmp_path):
   comp = data["compilations"]
   assert comp["compilations_after_first"] == 0 and comp["compilations_per_step"][0] >= 1
   assert "| sweep | rollouts |" in stdout
+
+
+def test_ablate_quick(tmp_path):
+  data, stdout = _run_bench(tmp_path, "ablate", "--quick")
+  assert data["benchmark"] == "ablate"
+  assert "all on" in stdout and "all off" in stdout
