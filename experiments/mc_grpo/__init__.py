@@ -24,17 +24,17 @@ Outputs in ``--out`` (default ``results/mc_grpo``): ``table.md``, ``results.json
 
 Results on this CPU (generated from results/mc_grpo/table.md; do not edit by hand):
 
-`python scripts/reproduce.py mc_grpo`: 4 seeds per arm, 150 RL steps, test pass@1 from 300 problems x 16 samples (SFT start: 0.368); 22.1 min on this machine. Cells: mean [95% bootstrap CI over seeds].
+`python scripts/reproduce.py mc_grpo`: 6 seeds per arm, 250 RL steps, test pass@1 from 300 problems x 16 samples (SFT start: 0.368); 35.8 min on this machine. Cells: mean [95% bootstrap CI over seeds].
 
 ## Paper claims
 
 | claim (paper) | ours | verdict |
 | --- | --- | --- |
-| median closes the G=2 to G=8 gap to within 1% | gap +0.039 [+0.026, +0.053] (mean baseline: +0.031 [-0.005, +0.064]) | not reproduced |
-| median beats the mean baseline at small G | G=2: +0.016 [-0.003, +0.038] | inconclusive |
-| ... and the same-compute mean ablation | G=2: -0.032 [-0.039, -0.025] | not reproduced |
+| median closes the G=2 to G=8 gap to within 1% | gap +0.048 [+0.027, +0.071] (mean baseline: +0.041 [+0.017, +0.067]) | not reproduced |
+| median beats the mean baseline at small G | G=2: -0.009 [-0.032, +0.014] | inconclusive |
+| ... and the same-compute mean ablation | G=2: -0.049 [-0.068, -0.031] | not reproduced |
 | the median gives fewer opposite-sign advantages (graded reward) | G=2: 0.007 vs 0.036 | reproduced |
-| injected sign flips reduce accuracy | p=0.3: -0.049 [-0.081, -0.011] | reproduced |
+| injected sign flips reduce accuracy | p=0.3: -0.077 [-0.105, -0.046] | reproduced |
 
 Rules: an effect is reproduced when its 95% interval lies on the claimed side of 0, not reproduced when it lies on the other side, inconclusive otherwise; the gap claim needs the whole interval inside [-0.01, 0.01]. With 0/1 rewards no baseline can give an opposite sign (only zero), so the mechanism is judged on the graded reward.
 
@@ -71,8 +71,8 @@ class Sizes:
   """Defaults fit ~40 minutes on 2 CPU cores; the sizing study in the README says what a
   conclusive verdict would need."""
 
-  seeds: int = 4
-  steps: int = 150
+  seeds: int = 6
+  steps: int = 250
   group_sizes: tuple = (2, 4, 8)
   flip_probs: tuple = (0.3,)
   flip_group: int = 8
