@@ -22,17 +22,17 @@ Outputs in ``--out`` (default ``results/ace``): ``table.md``, ``results.json``, 
 
 Results on this CPU (generated from results/ace/table.md; do not edit by hand):
 
-`python scripts/reproduce.py ace`: 4 seeds per arm, 200 RL steps, G=8; pass@k from 200 test problems x 64 samples; 21.3 min on this machine. Cells: mean [95% bootstrap CI over seeds]. SFT start: pass@1 0.356, pass@2 0.439, pass@4 0.510, pass@8 0.577, pass@16 0.636, pass@32 0.685, pass@64 0.730, token entropy 0.755.
+`python scripts/reproduce.py ace`: 10 seeds per arm, 200 RL steps, G=8; pass@k from 200 test problems x 64 samples; 37.2 min on this machine. Cells: mean [95% bootstrap CI over seeds]. SFT start: pass@1 0.356, pass@2 0.439, pass@4 0.510, pass@8 0.577, pass@16 0.636, pass@32 0.685, pass@64 0.730, token entropy 0.755.
 
 ## Paper claims (main arm, pre-declared: ace-softplus-mul-0.5)
 
 | claim (paper) | ours | verdict |
 | --- | --- | --- |
-| pass@k gains grow with k | (pass@64 - pass@1) ACE minus GRPO: +0.008 [-0.007, +0.023] | inconclusive |
-| pass@64 improves | +0.002 [-0.008, +0.011] | inconclusive |
-| pass@1 holds (no loss beyond 1 point) | -0.005 [-0.019, +0.009] | inconclusive |
-| fewer overconfident errors | -0.003 [-0.025, +0.020] | inconclusive |
-| slower entropy collapse (higher final token entropy) | +0.004 [-0.013, +0.022] | inconclusive |
+| pass@k gains grow with k | (pass@64 - pass@1) ACE minus GRPO: +0.004 [-0.010, +0.020] | inconclusive |
+| pass@64 improves | +0.008 [-0.008, +0.024] | inconclusive |
+| pass@1 holds (no loss beyond 1 point) | +0.004 [-0.011, +0.019] | inconclusive |
+| fewer overconfident errors | -0.002 [-0.014, +0.009] | inconclusive |
+| slower entropy collapse (higher final token entropy) | +0.004 [-0.006, +0.013] | inconclusive |
 
 Rules: reproduced when the 95% interval lies on the claimed side of 0 (for pass@1: above -0.01), not reproduced when on the other side, inconclusive otherwise.
 
@@ -57,7 +57,7 @@ MAIN = "ace-softplus-mul-0.5"
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-  seeds: int = 4
+  seeds: int = 10
   steps: int = 200
   group_size: int = 8
   alphas: tuple = (0.1, 0.5, 2.0)
