@@ -106,8 +106,8 @@ def _vm_hwm_mb() -> float | None:
       for line in f:
         if line.startswith("VmHWM:"):
           return int(line.split()[1]) / 1024.0
-  except OSError:
-    pass
+  except OSError:  # no /proc (not Linux)
+    return None
   return None
 
 

@@ -64,6 +64,18 @@ def test_every_recipe_trains_without_nan_or_recompilation(dirs, recipe, args, g)
   del p0
 
 
+def _steps_checked(tr, steps: int):
+  """Runs ``steps`` steps from the initial state; every metric finite, one compilation."""
+  state = tr.init_state()
+  for i in range(steps):
+    state, m = tr.step(state)
+    m = jax.device_get(m)
+    rl.raise_if_bad(m, i + 1)
+    assert all(np.isfinite(v) for v in m.values())
+  assert tr.num_traces == 1
+  return state, m
+
+
 @pytest.mark.parametrize("kw", [
     dict(recipe="dars", dars_schedule="et", dars_n_max=8),
     dict(recipe="dars", dars_schedule="hw", dars_n_max=8, dars_budget=8),
@@ -74,13 +86,7 @@ def test_every_recipe_trains_without_nan_or_recompilation(dirs, recipe, args, g)
 ], ids=["dars-et", "dars-hw-budget", "dapo-dynamic", "dars-b"])
 def test_rollout_allocation_in_the_step(dirs, kw):
   tr = tiny(dirs, **kw)
-  state = tr.init_state()
-  for i in range(3):
-    state, m = tr.step(state)
-    m = jax.device_get(m)
-    rl.raise_if_bad(m, i + 1)
-    assert all(np.isfinite(v) for v in m.values())
-  assert tr.num_traces == 1
+  state, m = _steps_checked(tr, 3)
   if "dars_schedule" in kw:
     assert "dars_rescued" in m and 0 <= m["dars_rescued"] <= m["dars_all_wrong_stage1"]
     assert int(state.cursor) == 3 * tr.cfg.num_prompts
@@ -213,14 +219,7 @@ def test_rollouts_in_chunks(dirs):
   finite metrics; DARS's second stage is chunked too."""
   for kw in (dict(rollout_chunk=8), dict(recipe="dars", dars_schedule="et", dars_n_max=8,
                                          rollout_chunk=8)):
-    tr = tiny(dirs, **kw)
-    state = tr.init_state()
-    for i in range(2):
-      state, m = tr.step(state)
-      m = jax.device_get(m)
-      rl.raise_if_bad(m, i + 1)
-      assert all(np.isfinite(v) for v in m.values())
-    assert tr.num_traces == 1
+    _steps_checked(tiny(dirs, **kw), 2)
 
 
 def test_config_errors(dirs):
