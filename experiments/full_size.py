@@ -76,21 +76,28 @@ def with_memory_plan(cfg: dict, *, devices: int = DEVICES,
   """``cfg`` with ``grad_accum`` and ``rollout_chunk`` sized for ``devices`` devices (pass
   ``mesh_fsdp=<devices>`` when launching; a config fixing it would not validate elsewhere).
 
-  grad_accum splits each optimizer mini-batch into micro-batches of about
-  ``train_rows_per_device`` rows per device; rollout_chunk samples ``rollout_rows_per_device``
-  rows per device at a time when that divides every sampling call. Measured with XLA's memory
-  analysis (compiled for CPU, one device, bfloat16 compute over float32 parameters, remat and
-  512-token logits chunks): a Qwen2.5-Math-1.5B training row of 512 + 3,072 tokens needs 3.0 GiB
-  beyond a fixed 13 GiB (parameters, their gradients and the stacked layer copy), a GSM8K row of
-  512 + 1,024 tokens 1.0 GiB; without remat and chunks a 3,584-token row needed 69 GiB.
+  grad_accum splits each optimizer mini-batch into micro-batches of at most
+  ``train_rows_per_device`` rows per device: the fewest micro-batches that divide the mini-batch
+  into equal parts, each a multiple of ``devices`` rows (what ``RLConfig.validate`` requires).
+  Such a split exists whenever the mini-batch is a multiple of ``devices`` (one row per device
+  at worst); otherwise this raises. Mini-batches with few divisors get smaller micro-batches
+  than the bound (80 rows: 5 x 16, not 2 x 40). rollout_chunk samples
+  ``rollout_rows_per_device`` rows per device at a time when that divides every sampling call.
+  Measured with XLA's memory analysis (compiled for CPU, one device, bfloat16 compute over
+  float32 parameters, remat and 512-token logits chunks): a Qwen2.5-Math-1.5B training row of
+  512 + 3,072 tokens needs 3.0 GiB beyond a fixed 13 GiB (parameters, their gradients and the
+  stacked layer copy), a GSM8K row of 512 + 1,024 tokens 1.0 GiB; without remat and chunks a
+  3,584-token row needed 69 GiB.
   """
   out = dict(cfg)
   rows = cfg["num_prompts"] * cfg["group_size"] + cfg.get("dars_budget", 0)
   mb = rows // cfg.get("num_minibatches", 1)
-  accum = max(1, mb // (devices * train_rows_per_device))
-  while accum > 1 and (mb % accum or (mb // accum) % devices):
-    accum -= 1
-  out["grad_accum"] = accum
+  if mb % devices:
+    raise ValueError(f"with_memory_plan: the mini-batch of {mb} rows cannot be split evenly over "
+                     f"{devices} devices; change num_prompts, group_size or num_minibatches")
+  cap = devices * train_rows_per_device
+  out["grad_accum"] = next(a for a in range(-(-mb // cap), mb // devices + 1)
+                           if mb % a == 0 and (mb // a) % devices == 0)
   calls = [cfg["num_prompts"] * cfg["group_size"] * cfg.get("dynamic_sampling_factor", 1)]
   if cfg.get("dars_budget"):
     calls.append(cfg["dars_budget"])

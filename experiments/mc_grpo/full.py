@@ -39,12 +39,14 @@ Command (one arm per run; every arm has the same shape of command):
 Hardware: accelerators; the official runs used 4 (MATH) and 2 (GSM8K) GPUs with vLLM rollouts,
 DeepSpeed ZeRO-3 and gradient checkpointing. Planned here for one node of 8 (``mesh_fsdp=8``,
 parameters and optimizer state sharded), with per-layer rematerialisation, the LM head in
-512-token chunks and micro-batches of about 4 rows per device (``full_size.with_memory_plan``).
-XLA's memory analysis (compiled for CPU, one device; not measured on an accelerator): a MATH row
-(512 + 3,072 tokens) needs 3.0 GiB and a GSM8K row (512 + 1,024) 1.0 GiB beyond a fixed 13 GiB,
-against 69 GiB per MATH row without remat and chunks. Runtime: not measured. Status: not
-run at full size here (no numbers); ``tests/experiments/test_full_configs.py`` builds every
-configuration at toy size and trains one run of each kind for a step.
+512-token chunks and micro-batches of at most 4 rows per device (``full_size.with_memory_plan``:
+4 where the mini-batch divides so, else 2 for the 80-row mini-batches of math-G4's G+1 arms and
+3 for the 72- and 144-row ones of the G8 G+1 arms). XLA's memory analysis (compiled for CPU,
+one device; not measured on an accelerator): a MATH row (512 + 3,072 tokens) needs 3.0 GiB and
+a GSM8K row (512 + 1,024) 1.0 GiB beyond a fixed 13 GiB, against 69 GiB per MATH row without
+remat and chunks. Runtime: not measured. Status: not run at full size here (no numbers);
+``tests/experiments/test_full_configs.py`` builds every configuration at toy size and trains one
+run of each kind for a step.
 """
 
 from __future__ import annotations

@@ -34,7 +34,9 @@ def pass_at_k(n: int | np.ndarray, c: int | np.ndarray, k: int) -> np.ndarray:
 
 
 def ks_up_to(n: int) -> list[int]:
-  """k = 1, 2, 4, ... up to n (and n itself)."""
+  """k = 1, 2, 4, ... up to n (and n itself); n >= 1 samples per problem."""
+  if n < 1:
+    raise ValueError(f"ks_up_to needs n >= 1 samples, got n={n}")
   ks, k = [], 1
   while k <= n:
     ks.append(k)
@@ -49,16 +51,25 @@ def majority_at_k(answers: Sequence[Sequence[Hashable]], correct_answers: Sequen
   """maj@k: fraction of problems whose most frequent answer among the first k samples is right.
 
   answers: per problem, the extracted final answers of its samples (None = unparseable, never
-  counted as a vote). Ties are broken by first occurrence.
+  counted as a vote); a problem with fewer than k samples votes with all of them. Ties are
+  broken by first occurrence; a problem without a single vote scores 0. answers and
+  correct_answers must have one entry per problem; with no problems the fraction is undefined
+  and the result is nan (as the mean of the empty per-problem pass@k in ``summarize_passk``).
   """
+  if k < 1:
+    raise ValueError(f"maj@k needs k >= 1, got k={k}")
+  if len(answers) != len(correct_answers):
+    raise ValueError(f"maj@{k}: {len(answers)} problems of answers but {len(correct_answers)} "
+                     "reference answers")
   hits = []
   for ans, ref in zip(answers, correct_answers):
-    votes = Counter(a for a in list(ans)[:k] if a is not None)
-    if not votes:
+    voters = [a for a in list(ans)[:k] if a is not None]
+    if not voters:
       hits.append(0.0)
       continue
+    votes = Counter(voters)
     best = max(votes.values())
-    winner = next(a for a in ans[:k] if a is not None and votes[a] == best)
+    winner = next(a for a in voters if votes[a] == best)
     hits.append(float(winner == ref))
   return float(np.mean(hits)) if hits else float("nan")
 
@@ -66,6 +77,10 @@ def majority_at_k(answers: Sequence[Sequence[Hashable]], correct_answers: Sequen
 def summarize_passk(correct: np.ndarray, difficulty: np.ndarray, ks: Sequence[int]) -> dict:
   """pass@k overall and per difficulty from a [problems, n] bool matrix of sample verdicts."""
   correct = np.asarray(correct, bool)
+  difficulty = np.asarray(difficulty)
+  if difficulty.shape != correct.shape[:1]:
+    raise ValueError(f"difficulty needs one entry per problem: shape {difficulty.shape} for "
+                     f"{correct.shape[0]} problems")
   n = correct.shape[1]
   c = correct.sum(axis=1)
   out = {f"pass@{k}": float(pass_at_k(n, c, k).mean()) for k in ks}

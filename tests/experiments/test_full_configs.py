@@ -116,19 +116,40 @@ def test_full_config_trains_one_step_and_evaluates(env, experiment, name):
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_memory_plans_fit_the_planned_node(experiment):
   """Every full-size run micro-batches its gradient and rollouts consistently with the batch it
-  trains on and the 8 devices it is planned for (what RLConfig.validate checks at launch)."""
+  trains on and the 8 devices it is planned for (what RLConfig.validate checks at launch), with
+  at most TRAIN_ROWS_PER_DEVICE rows per device in each gradient micro-batch."""
   d = full_size.DEVICES
+  cap = d * full_size.TRAIN_ROWS_PER_DEVICE
   for name, cfg in full_runs(experiment).items():
     assert cfg["remat"] and cfg["logits_chunk"] == 512, name
     rows = cfg["num_prompts"] * cfg["group_size"] + cfg.get("dars_budget", 0)
     mb = rows // cfg.get("num_minibatches", 1)
     a = cfg["grad_accum"]
-    assert mb % a == 0 and (a == 1 or (mb // a) % d == 0), (name, mb, a)
-    assert mb // a <= max(d * full_size.TRAIN_ROWS_PER_DEVICE * 2, mb // a if a == 1 else 0), name
+    assert mb % a == 0 and (mb // a) % d == 0, (name, mb, a)
+    assert mb // a <= cap, f"{name}: micro-batches of {mb // a} rows, over {cap} on {d} devices"
     c = cfg["rollout_chunk"]
     if c:
       assert c % d == 0 and rows % c == 0, (name, rows, c)
-  plan = full_size.with_memory_plan(dict(num_prompts=16, group_size=8, num_minibatches=2))
-  assert plan["grad_accum"] == 2 and plan["rollout_chunk"] == 0  # 64-row mini-batches, 32 rows
-  plan = full_size.with_memory_plan(dict(num_prompts=128, group_size=8))
-  assert plan["grad_accum"] == 32 and plan["rollout_chunk"] == 512
+
+
+@pytest.mark.parametrize("prompts,group,minibatches,accum,chunk", [
+    (16, 8, 2, 2, 0),  # 64-row mini-batches: 2 x 32 rows
+    (128, 8, 1, 32, 512),  # 1,024 rows: 32 x 32, rollouts 2 x 512
+    (8, 9, 1, 3, 0),  # 72 rows: 3 x 24 (2 x 36 would not split over 8 devices)
+    (16, 5, 1, 5, 0),  # 80 rows: 5 x 16 (2 x 40 is over 32; 4 x 20 and 3 do not split)
+    (16, 9, 1, 6, 0),  # 144 rows: 6 x 24 (3 x 48, 4 x 36 and 5 are over or uneven)
+    (4, 2, 1, 1, 0),  # 8 rows: one micro-batch
+])
+def test_memory_plan_picks_the_fewest_micro_batches_under_the_bound(prompts, group, minibatches,
+                                                                    accum, chunk):
+  plan = full_size.with_memory_plan(dict(num_prompts=prompts, group_size=group,
+                                         num_minibatches=minibatches))
+  assert (plan["grad_accum"], plan["rollout_chunk"]) == (accum, chunk)
+
+
+def test_memory_plan_refuses_a_mini_batch_the_devices_cannot_share():
+  with pytest.raises(ValueError, match="mini-batch of 36 rows cannot be split evenly over 8"):
+    full_size.with_memory_plan(dict(num_prompts=4, group_size=9))
+  # One row per device per micro-batch at most: 512 rows in 64 micro-batches of 8.
+  plan = full_size.with_memory_plan(dict(num_prompts=32, group_size=16), train_rows_per_device=1)
+  assert plan["grad_accum"] == 64
