@@ -34,6 +34,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from rlpost import averaging as A  # noqa: E402
+from rlpost.cli import run_main  # noqa: E402
 
 METHODS = ("lawa", "swa", "ema", "mwa", "uniform", "posthoc_ema")
 
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--overwrite", action="store_true")
   ap.add_argument("--keys", default="auto", help="parameter leaves: auto, all or ranges (0-57,60)")
   ap.add_argument("--dry-run", action="store_true", help="print the plan and stop")
+  ap.add_argument("--no-verify", action="store_true",
+                  help="read checkpoints without an integrity manifest (not written by rlpost's "
+                  "run loop) unchecked")
   ap.add_argument("--no-progress", action="store_true")
   sel = ap.add_argument_group("selection")
   sel.add_argument("--select", choices=("latest", "from", "log", "all"),
@@ -118,7 +122,7 @@ def _posthoc_sources(args, directory):
       raise ValueError(f"--profile expects SIGMA_REL=KEY_RANGES, got {spec!r}")
     name = f"sigma{float(sigma):g}"
     gammas[name] = A.sigma_rel_to_gamma(float(sigma))
-    sources[name] = A.CheckpointSource(directory, keys=keys)
+    sources[name] = A.CheckpointSource(directory, keys=keys, verify=not args.no_verify)
   return sources, gammas
 
 
@@ -145,7 +149,7 @@ def main(argv=None) -> dict:
     describe = ", ".join(f"{n}: leaves {s.describe_keys()}" for n, s in sources.items())
     src_for_close = list(sources.values())
   else:
-    src = A.CheckpointSource(args.ckpt_dir, keys=args.keys)
+    src = A.CheckpointSource(args.ckpt_dir, keys=args.keys, verify=not args.no_verify)
     plan = make_plan(args, src)
     load = src.load
     describe = f"leaves {src.describe_keys()} ({len(src.keys)} parameter leaves)"
@@ -175,8 +179,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-  try:
-    main()
-  except (ValueError, FileNotFoundError, FileExistsError, FloatingPointError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  run_main(main)

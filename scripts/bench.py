@@ -61,6 +61,7 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from rlpost import sampling  # noqa: E402
+from rlpost.cli import run_main  # noqa: E402
 from rlpost.models import transformer as tfm  # noqa: E402
 from scripts.benchmarks import averaging as bench_averaging  # noqa: E402
 from scripts.benchmarks.common import (  # noqa: E402
@@ -225,7 +226,7 @@ def run_sampler(args) -> dict:
     prompt_len, new_tokens, repeats = args.prompt_len, args.new_tokens, args.repeats
   for m in models:
     if m not in MODELS:
-      raise SystemExit(f"unknown model {m!r}; choose from {sorted(MODELS)}")
+      raise ValueError(f"unknown model {m!r}; choose from {sorted(MODELS)}")
 
   baseline = None
   if not args.no_transformers:
@@ -518,6 +519,16 @@ COMMANDS = {
 }
 
 
+def check_out_file(path: str) -> None:
+  """Fail before a benchmark runs, not after, when its ``--out`` JSON file cannot be written
+  there: a directory, or a file in a directory that does not exist."""
+  if os.path.isdir(path):
+    raise IsADirectoryError(f"--out {path} is a directory; it must name a JSON file")
+  parent = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(parent):
+    raise FileNotFoundError(f"--out {path}: directory {parent} does not exist")
+
+
 def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -527,6 +538,8 @@ def main(argv=None) -> dict:
     add_args(p)
     p.add_argument("--out", default=None, help="write the results as JSON to this file")
   args = ap.parse_args(argv)
+  if args.out:
+    check_out_file(args.out)
   machine = machine_info()
   print(f"machine: {machine['cpu_model']}, {machine['cpu_cores']} cores; jax {machine['jax']} "
         f"({machine['jax_backend']}), torch {machine['torch']}, "
@@ -546,4 +559,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-  main()
+  run_main(main)

@@ -24,6 +24,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from rlpost.cli import run_main  # noqa: E402
+
 EXPERIMENTS = {
     "averaging": "experiments.averaging",
     "averaging_rl": "experiments.averaging.t5_rl",
@@ -63,6 +65,8 @@ def main(argv=None):
     ap.error("--seeds must be >= 1")
   if args.out is None:
     args.out = os.path.join("results", args.experiment + ("_quick" if args.quick else ""))
+  if os.path.exists(args.out) and not os.path.isdir(args.out):
+    raise NotADirectoryError(f"--out {args.out} is a file; it must be a directory (or not exist)")
   module = importlib.import_module(EXPERIMENTS[args.experiment])
   result = module.run(args)
   if default_out and not args.quick and args.experiment in DOC_SYNCED:
@@ -72,4 +76,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  run_main(main)

@@ -21,6 +21,13 @@ Which keys are parameters:
                          when the layout differs.
   ``keys="all"``         every leaf.
 
+Integrity: ``load`` checks every restored leaf against the CRC-32 manifest that the run loop's
+``Checkpointer`` stores in the meta item, so a checkpoint without a manifest (not written by
+rlpost's run loop, or damaged) is refused unless the source is opened with ``verify=False``. A
+file that cannot be read or parsed (a truncated array chunk, metadata JSON or OCDBT manifest)
+raises ``rlpost.train.checkpoint.CheckpointError`` naming the step, the file or directory, and the
+first line of the underlying error.
+
 ``write_params`` writes an averaged parameter tree (same flat layout, readable with
 ``rlpost.train.checkpoint.load_params(out/"params", like)``) plus ``averaging.json`` into a
 temporary directory next to the target and renames it into place only when complete, so a crash
@@ -34,7 +41,7 @@ import os
 import re
 import shutil
 import uuid
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -95,8 +102,22 @@ def parse_key_ranges(spec: str) -> list[int]:
   return out
 
 
+def short_cause(e: BaseException, limit: int = 200) -> str:
+  """The first line of the innermost error behind ``e`` (its ``__cause__`` chain), at most
+  ``limit`` characters: TensorStore wraps a one-line reason in a dump of its whole spec."""
+  seen = {id(e)}
+  while e.__cause__ is not None and id(e.__cause__) not in seen:
+    e = e.__cause__
+    seen.add(id(e))
+  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+  text = lines[0] if lines else type(e).__name__
+  return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def list_steps(directory: str) -> list[int]:
   """Steps of the complete checkpoints in ``directory`` (orbax's temporary dirs are skipped)."""
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    raise NotADirectoryError(f"checkpoint directory {directory} is a file, not a directory")
   if not os.path.isdir(directory):
     raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
   steps = []
@@ -115,12 +136,17 @@ class CheckpointSource:
   keys: "auto", "all", a range string ("0-57"), or a sequence of flat keys / indices.
   shardings: target placement of each restored parameter: a pytree matching the output, a single
     ``jax.sharding.Sharding`` for all, or None (the default device).
+  verify: check each loaded leaf against the meta item's integrity manifest (the default); a
+    checkpoint without one is an error. ``False`` reads checkpoints written by other tools (plain
+    orbax) unchecked.
   """
 
   def __init__(self, directory: str, *, like: Any = None, select: Callable | None = None,
-               keys: str | Sequence[int | str] | None = None, shardings: Any = None):
+               keys: str | Sequence[int | str] | None = None, shardings: Any = None,
+               verify: bool = True):
     self.directory = os.path.abspath(directory)
     self.steps = list_steps(self.directory)
+    self.verify = verify
     self._ckptr = ocp.PyTreeCheckpointer()
     self._treedef = None
     if like is not None:
@@ -151,11 +177,13 @@ class CheckpointSource:
     """The flat keys stored at ``step``, from the checkpoint's JSON tree metadata."""
     self._check_step(step)
     path = os.path.join(self._state_path(step), "_METADATA")
-    with open(path) as f:
-      tree = json.load(f)["tree_metadata"]
+    data = self._read_json(step, path)
+    tree = data.get("tree_metadata") if isinstance(data, dict) else None
+    if not isinstance(tree, dict):
+      self._damaged(step, path, "has no tree_metadata object")
     keys = []
     for entry in tree.values():
-      km = entry.get("key_metadata") or []
+      km = (entry.get("key_metadata") if isinstance(entry, dict) else None) or []
       if len(km) != 1:
         raise ValueError(f"checkpoint at step {step} is not a flat dict of leaves (the "
                          f"Checkpointer layout); found a nested key {km}")
@@ -173,11 +201,15 @@ class CheckpointSource:
     kv = self._kvstore(step)
     out = {}
     for k in keys:
-      r = kv.read(f"{k}/.zarray").result()
-      if r.state != "value":
-        continue
-      header = json.loads(bytes(r.value))
-      out[k] = (tuple(header["shape"]), np.dtype(jnp.dtype(header["dtype"])))
+      try:
+        r = kv.read(f"{k}/.zarray").result()
+        if r.state != "value":
+          continue
+        header = json.loads(bytes(r.value))
+        out[k] = (tuple(header["shape"]), np.dtype(jnp.dtype(header["dtype"])))
+      except Exception as e:  # noqa: BLE001 - any failure to read the header is damage
+        self._damaged(step, self._state_path(step),
+                      f"cannot be read (the header of array {k}: {short_cause(e)})", e)
     return out
 
   def _kvstore(self, step: int):
@@ -186,7 +218,32 @@ class CheckpointSource:
       spec = {"driver": "ocdbt", "base": f"file://{path}"}
     else:
       spec = {"driver": "file", "path": path + "/"}
-    return ts.KvStore.open(spec).result()
+    try:
+      return ts.KvStore.open(spec).result()
+    except Exception as e:  # noqa: BLE001
+      self._damaged(step, path, f"cannot be opened ({short_cause(e)})", e)
+
+  def _damaged(self, step: int, path: str, detail: str,
+               cause: BaseException | None = None) -> NoReturn:
+    """Raise ``CheckpointError`` for ``step``: ``path`` (a file or directory) ``detail``."""
+    from rlpost.train import checkpoint as train_ckpt
+
+    raise train_ckpt.CheckpointError(step, self.directory, f"{path} {detail}") from cause
+
+  def _read_json(self, step: int, path: str) -> Any:
+    """The JSON in ``path`` of checkpoint ``step``; unreadable or malformed: ``CheckpointError``."""
+    try:
+      with open(path) as f:
+        return json.load(f)
+    except (OSError, ValueError) as e:
+      self._damaged(step, path, f"is unreadable or not valid JSON ({short_cause(e)})", e)
+
+  def _meta(self, step: int) -> Any:
+    """The meta item's JSON at ``step``, or None when the checkpoint has no meta file."""
+    path = os.path.join(self.directory, str(int(step)), META_ITEM, "metadata")
+    if not os.path.exists(path):
+      return None
+    return self._read_json(step, path)
 
   def _resolve_keys(self, keys) -> list[str]:
     if isinstance(keys, str) and keys not in ("auto", "all"):
@@ -271,27 +328,38 @@ class CheckpointSource:
                 for k, s in zip(self.keys, self._shardings)}
     restore_args = {k: ocp.ArrayRestoreArgs(sharding=s, global_shape=spec[k][0], dtype=spec[k][1])
                     for k, s in zip(self.keys, self._shardings)}
-    out = self._ckptr.restore(self._state_path(step), args=ocp.args.PyTreeRestore(
-        item=abstract, restore_args=restore_args, partial_restore=True))
-    values = [out[k] for k in self.keys]
+    try:
+      out = self._ckptr.restore(self._state_path(step), args=ocp.args.PyTreeRestore(
+          item=abstract, restore_args=restore_args, partial_restore=True))
+      values = [out[k] for k in self.keys]
+    except Exception as e:  # noqa: BLE001 - a read failure after validate() is damaged data
+      self._damaged(step, self._state_path(step),
+                    f"has parameter arrays that cannot be read ({short_cause(e)})", e)
     self._verify(step, values)
     if self._treedef is not None:
       return jax.tree.unflatten(self._treedef, values)
     return dict(zip(self.keys, values))
 
   def _verify(self, step: int, values: list) -> None:
-    """Check the loaded leaves against the CRC-32 manifest the run loop's Checkpointer saved
-    (skipped for checkpoints without one, and for leaves split over other processes)."""
+    """Check the loaded leaves against the CRC-32 manifest the run loop's Checkpointer saved.
+
+    A checkpoint without a meta file or without a manifest is refused (``CheckpointError``):
+    without one, flipped bytes on disk would be averaged in unnoticed. Skipped entirely when the
+    source was opened with ``verify=False``; leaves split over other processes are not checked.
+    """
     from rlpost.train import checkpoint as train_ckpt
 
-    path = os.path.join(self.directory, str(int(step)), META_ITEM, "metadata")
-    if not os.path.exists(path):
+    if not self.verify:
       return
-    with open(path) as f:
-      meta = json.load(f)
+    meta = self._meta(step)
     manifest = meta.get(train_ckpt.INTEGRITY_KEY) if isinstance(meta, dict) else None
-    if not manifest:
-      return
+    if not isinstance(manifest, list) or not manifest:
+      where = os.path.join(str(int(step)), META_ITEM, "metadata")
+      found = "no such file" if meta is None else f"no {train_ckpt.INTEGRITY_KEY!r} entry"
+      raise train_ckpt.CheckpointError(
+          step, self.directory, f"has no integrity manifest ({where}: {found}); it was not "
+          f"written by rlpost's run loop or is damaged (verify=False, or --no-verify in "
+          f"scripts/average.py, reads it unchecked)")
     for k, v in zip(self.keys, values):
       if not k.isdigit() or int(k) >= len(manifest):
         continue
@@ -303,11 +371,7 @@ class CheckpointSource:
 
   def _declared_param_leaves(self, step: int) -> int | None:
     """The meta item's "param_leaves" (written by rlpost's run loop), if present."""
-    path = os.path.join(self.directory, str(int(step)), META_ITEM, "metadata")
-    if not os.path.exists(path):
-      return None
-    with open(path) as f:
-      meta = json.load(f)
+    meta = self._meta(step)
     n = meta.get("param_leaves") if isinstance(meta, dict) else None
     return int(n) if isinstance(n, int) and n > 0 else None
 
@@ -318,17 +382,15 @@ class CheckpointSource:
     root = os.path.join(self.directory, str(int(step)))
     path = os.path.join(root, "_CHECKPOINT_METADATA")
     if os.path.exists(path):
-      with open(path) as f:
-        out.update(json.load(f).get("metrics") or {})
-    path = os.path.join(root, META_ITEM, "metadata")
-    if os.path.exists(path):
-      with open(path) as f:
-        meta = json.load(f)
-      if isinstance(meta, dict):
-        for src in (meta.get("metrics") or {}, meta):
-          for k, v in src.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-              out.setdefault(k, float(v))
+      recorded = self._read_json(step, path)
+      if isinstance(recorded, dict) and isinstance(recorded.get("metrics"), dict):
+        out.update(recorded["metrics"])
+    meta = self._meta(step)
+    if isinstance(meta, dict):
+      for src in (meta.get("metrics") or {}, meta):
+        for k, v in src.items():
+          if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.setdefault(k, float(v))
     return out
 
   def close(self) -> None:

@@ -19,6 +19,7 @@ here are ``[in, out]``, so projection weights are transposed on the way in and o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -314,14 +315,29 @@ def _read_json(path: Path) -> dict:
     raise ValueError(f"{path} is not valid JSON: {e}") from None
 
 
+@contextlib.contextmanager
+def _open_safetensors(file: Path):
+  """``safe_open(file)`` for numpy; a truncated or damaged file is a ValueError naming it.
+
+  safetensors' own ``SafetensorError`` (e.g. "incomplete metadata, file not fully covered")
+  names no file; errors of the caller's own checks inside the block pass through unchanged.
+  """
+  from safetensors import SafetensorError, safe_open
+
+  try:
+    with safe_open(file, framework="numpy") as f:
+      yield f
+  except SafetensorError as e:
+    raise ValueError(f"{file} is not a readable safetensors file (truncated or damaged?): "
+                     f"{e}") from e
+
+
 def _weight_files(path: Path) -> dict[str, Path]:
   """Tensor name -> safetensors file, from model.safetensors or the sharded index."""
-  from safetensors import safe_open
-
   single = path / SAFE_WEIGHTS_NAME
   index = path / SAFE_WEIGHTS_INDEX_NAME
   if single.exists():
-    with safe_open(single, framework="numpy") as f:
+    with _open_safetensors(single) as f:
       return {name: single for name in f.keys()}
   if index.exists():
     weight_map = _read_json(index).get("weight_map")
@@ -352,11 +368,9 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32",
 
   The module is built abstractly (``nnx.eval_shape``), so no random initialisation runs.
   Raises ValueError naming the tensor(s) for missing or unexpected tensors and for shape
-  mismatches (with expected and found shapes and the file); FileNotFoundError for missing
-  files.
+  mismatches (with expected and found shapes and the file) and for truncated or damaged
+  safetensors files (naming the file); FileNotFoundError for missing files.
   """
-  from safetensors import safe_open
-
   path = Path(path)
   config = config_from_hf(_read_json(path / CONFIG_NAME), dtype=dtype, param_dtype=param_dtype)
   files = _weight_files(path)
@@ -388,7 +402,7 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32",
     by_file.setdefault(files[e.hf_name], []).append(e)
   arrays: dict[tuple, jax.Array] = {}
   for file, file_entries in by_file.items():
-    with safe_open(file, framework="numpy") as f:
+    with _open_safetensors(file) as f:
       for e in file_entries:
         want = _hf_shape(abstract_flat[e.path].shape, e.transpose)
         sl = f.get_slice(e.hf_name)

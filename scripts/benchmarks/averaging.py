@@ -264,7 +264,7 @@ def run(args) -> dict:
     model_name, repeats = args.model, args.repeats
     ks = sorted({int(k) for k in args.ks.split(",")})
   if min(ks) < 1 or repeats < 1:
-    raise SystemExit("--ks must be positive and --repeats at least 1")
+    raise ValueError("--ks must be positive and --repeats at least 1")
   opt_state = not args.no_opt_state
   workdir = args.workdir or tempfile.mkdtemp(prefix="rlpost_bench_avg_")
   ckpt_dir = os.path.join(workdir, "checkpoints")

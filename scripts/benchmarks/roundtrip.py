@@ -101,7 +101,7 @@ def _plan(system: str, quick: bool):
   try:
     return config.plan(system)
   except KeyError:
-    raise SystemExit(f"unknown system {system!r}; the round-trip experiment has "
+    raise ValueError(f"unknown system {system!r}; the round-trip experiment has "
                      f"{[p.name for p in config.plans]}") from None
 
 
@@ -139,7 +139,7 @@ def run(args) -> dict:
     batch, repeats = args.batch, args.repeats
     depths = sorted({int(d) for d in args.depths.split(",")})
   if batch < 1 or repeats < 1 or min(depths) < 1:
-    raise SystemExit("--batch, --repeats and --depths must be positive")
+    raise ValueError("--batch, --repeats and --depths must be positive")
   plan = _plan(args.system, args.quick)
   model_cfg, sampler = plan.train.model, plan.deterministic_sampler()
   grid = tuple(systems.get_system(plan.name).spatial_shape)

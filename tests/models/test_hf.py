@@ -250,6 +250,21 @@ def test_unsupported_architecture_file(checkpoint):
     hf.load_pretrained(checkpoint)
 
 
+@pytest.mark.parametrize("shard", [False, True])
+def test_truncated_safetensors_names_the_file(tmp_path, shard):
+  """A cut-off download: safetensors' own error names no file; ours does."""
+  model = init_model(tiny_config(qkv_bias=True))
+  out = hf.save_pretrained(model, tmp_path / "ckpt", max_shard_bytes=20_000 if shard else None)
+  files = sorted(out.glob("*.safetensors"), key=lambda p: p.stat().st_size)
+  assert len(files) > 1 if shard else files == [out / hf.SAFE_WEIGHTS_NAME]
+  target = files[-1]
+  data = target.read_bytes()
+  target.write_bytes(data[:len(data) - 100])
+  with pytest.raises(ValueError, match="not a readable safetensors file") as e:
+    hf.load_pretrained(out)
+  assert str(target) in str(e.value)
+
+
 def test_missing_files(tmp_path, checkpoint):
   with pytest.raises(FileNotFoundError, match="config.json"):
     hf.load_pretrained(tmp_path)
