@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from conftest import env_without_compilation_cache
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAVE_BASELINE = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
 
@@ -91,7 +93,8 @@ HAVE_TRL = HAVE_BASELINE and importlib.util.find_spec("trl") is not None
 def _run_bench(tmp_path, *args):
   out = tmp_path / "bench.json"
   proc = subprocess.run([sys.executable, "scripts/bench.py", *args, "--out", str(out)],
-                        cwd=ROOT, capture_output=True, text=True, timeout=900)
+                        cwd=ROOT, capture_output=True, text=True, timeout=900,
+                        env=env_without_compilation_cache())
   assert proc.returncode == 0, proc.stderr[-4000:]
   return json.loads(out.read_text()), proc.stdout
 

@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from conftest import env_without_compilation_cache
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _DRIVER = """
@@ -29,7 +31,8 @@ with open(sys.argv[2], "w") as f:
 def _run(tmp_path, name, *args):
   out = tmp_path / f"{name}.json"
   proc = subprocess.run([sys.executable, "-c", _DRIVER.format(root=ROOT), name, str(out), *args],
-                        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+                        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+                        env=env_without_compilation_cache())
   assert proc.returncode == 0, proc.stderr[-4000:]
   return json.loads(out.read_text()), proc.stdout
 
