@@ -10,7 +10,11 @@ counted over valid tokens only, so a padded prompt produces exactly the completi
 unpadded version. All shapes are static: one compilation per (B, Tp, N, config).
 
 Randomness. The key of decode step i is ``fold_in(key, i)``; the same key gives the same
-output, and because JAX's threefry is partitionable, the same output on any device mesh.
+output, and because JAX's threefry is partitionable, the same output on any device mesh. With
+one key per row (``key`` of shape [B]) row b draws its noise from ``fold_in(key[b], i)`` alone,
+so a row's completion does not depend on which other rows share the call: sampling the rows
+in chunks, or in another order, draws the same tokens (up to float rounding of the batched
+forward pass, which can only matter at an exact near-tie of two tokens).
 
 Log-probs. For every sampled token the sampler returns its log-probability under the sampling
 distribution (temperature, top-k and top-p applied; 0 for greedy decoding, which is a point mass)
@@ -197,10 +201,34 @@ def _logp_of(logits: jax.Array, token: jax.Array) -> jax.Array:
   return ((picked - m) - lse)[:, 0]
 
 
+def _gumbel(key: jax.Array, shape: tuple[int, int], dtype) -> jax.Array:
+  """Gumbel noise [B, V]: from one key (shape []) or one key per row (shape [B])."""
+  if key.ndim == 0:
+    return jax.random.gumbel(key, shape, dtype)
+  return jax.vmap(lambda k: jax.random.gumbel(k, shape[1:], dtype))(key)
+
+
+def _step_key(key: jax.Array, i) -> jax.Array:
+  """The key of decode step i: ``fold_in`` of the call's key, or of each row's key."""
+  if key.ndim == 0:
+    return jax.random.fold_in(key, i)
+  return jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, i)
+
+
+def _typed_key(key: jax.Array, batch: int) -> jax.Array:
+  """``key`` as a typed PRNG key of shape [] or [batch] (raw uint32 key data is wrapped)."""
+  if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    key = jax.random.wrap_key_data(key)
+  if key.shape not in ((), (batch,)):
+    raise ValueError(f"key must be one PRNG key or one per row ([{batch}]), got shape {key.shape}")
+  return key
+
+
 def _pick(logits: jax.Array, key: jax.Array, cfg: SamplingConfig):
   """Choose one token per row. logits: [B, V] float32 -> (tokens, sampling logp, policy logp).
 
-  The policy log-prob is that of the unmodified logits (temperature 1, no filtering).
+  key: one PRNG key (shape []) or one per row (shape [B]). The policy log-prob is that of the
+  unmodified logits (temperature 1, no filtering).
   """
   if cfg.greedy:
     token = _argmax(logits)
@@ -209,7 +237,7 @@ def _pick(logits: jax.Array, key: jax.Array, cfg: SamplingConfig):
     return token, jnp.zeros(token.shape, jnp.float32), -lse[:, 0]
   filtered = filter_logits(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
   # Gumbel-max with the same noise as jax.random.categorical(key, filtered): same tokens.
-  token = _argmax(jax.random.gumbel(key, filtered.shape, filtered.dtype) + filtered)
+  token = _argmax(_gumbel(key, filtered.shape, filtered.dtype) + filtered)
   return token, _logp_of(filtered, token), _logp_of(logits, token)
 
 
@@ -231,13 +259,16 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens: jax.Array,
   """Sample completions. Pure and traceable; ``Sampler`` wraps it in ``jax.jit``.
 
   prompt_tokens: [B, Tp] int32; prompt_mask: [B, Tp] bool (each row needs >= 1 valid token);
-  key: a PRNG key. Returns a SampleOutput with N = cfg.max_new_tokens.
+  key: a PRNG key (shape []), or one per row (shape [B]: each row's tokens then depend only on
+  its own key, not on the other rows of the call). Returns a SampleOutput with
+  N = cfg.max_new_tokens.
   """
   chex.assert_rank([prompt_tokens, prompt_mask], 2)
   chex.assert_equal_shape([prompt_tokens, prompt_mask])
   model = nnx.merge(graphdef, params)
   b, tp = prompt_tokens.shape
   n = cfg.max_new_tokens
+  key = _typed_key(key, b)
   if tp + n > model.cfg.max_seq_len:
     raise ValueError(f"prompt length {tp} + max_new_tokens {n} exceeds the model's max_seq_len "
                      f"{model.cfg.max_seq_len}")
@@ -260,7 +291,7 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens: jax.Array,
 
   def emit(i, logits, done, tokens, logps, plogps, stopped):
     """Sample token i from logits [B, V] and record it for rows not yet done."""
-    token, logp, plogp = _pick(logits, jax.random.fold_in(key, i), cfg)
+    token, logp, plogp = _pick(logits, _step_key(key, i), cfg)
     live = ~done
     token = jnp.where(live, token, pad)
     tokens = tokens.at[:, i].set(token)

@@ -28,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from rlpost import sharding  # noqa: E402
+from rlpost.cli import run_main  # noqa: E402
 from rlpost.train import config as config_lib  # noqa: E402
 from rlpost.train import loop, rl  # noqa: E402
 
@@ -83,6 +84,8 @@ def main(argv=None) -> dict:
   file, name = split_config_name(args.config)
   stem = os.path.splitext(os.path.basename(file))[0] + (f"-{name}" if name else "")
   run_dir = cfg.run_dir or os.path.join("runs", f"{stem}-{cfg.recipe}-s{cfg.seed}")
+  # Everything that can be checked is checked before the data, the model and the warm start.
+  loop.check_run_dir(run_dir, cfg)
   t0 = time.perf_counter()
   trainer = rl.make_train(cfg)
   out = loop.run(trainer, run_dir, progress=not args.no_progress)
@@ -96,4 +99,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-  main()
+  run_main(main)

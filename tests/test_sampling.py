@@ -309,3 +309,28 @@ def test_top_p_bisection_equals_sort_reference():
     want = _sort_filter_top_p(jnp.asarray(x), top_p)
     np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want), err_msg=f"trial {trial}")
     np.testing.assert_array_equal(np.asarray(got)[np.isfinite(got)], x[np.isfinite(want)])
+
+
+def test_per_row_keys_make_a_row_independent_of_its_batch(model):
+  """With one key per row, a row's completion depends on its own key only: the same rows
+  sampled inside a larger batch, in another order, or alone give the same tokens (separate
+  programs, so up to a float-rounding flip at a near-tie: at most one of the 4 rows here), and
+  one shared key gives other completions than the per-row keys."""
+  cfg = sampling.SamplingConfig(max_new_tokens=8, temperature=1.0)
+  sampler = sampling.Sampler(model, cfg)
+  params = nnx.state(model)
+  toks, mask = sampling.pad_prompts(PROMPTS, side="left")
+  keys = jax.random.split(jax.random.key(11), len(PROMPTS))
+  whole = np.asarray(sampler(params, toks, mask, keys).tokens)
+  order = np.array([2, 0, 3, 1])
+  shuffled = np.asarray(sampler(params, toks[order], mask[order], keys[order]).tokens)
+  alone = np.concatenate([np.asarray(sampler(params, toks[i:i + 1], mask[i:i + 1],
+                                             keys[i:i + 1]).tokens) for i in range(len(PROMPTS))])
+  assert np.sum(np.any(shuffled != whole[order], axis=1)) <= 1
+  assert np.sum(np.any(alone != whole, axis=1)) <= 1
+  shared = np.asarray(sampler(params, toks, mask, jax.random.key(11)).tokens)
+  assert np.any(shared != whole)
+  raw = np.asarray(sampler(params, toks, mask, jax.random.key_data(keys)).tokens)
+  np.testing.assert_array_equal(raw, whole)  # raw key data is wrapped: the same program
+  with pytest.raises(ValueError, match="one per row"):
+    sampler(params, toks, mask, keys[:2])

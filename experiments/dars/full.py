@@ -48,7 +48,7 @@ Command (one arm per run):
 Hardware: accelerators; the official runs used one node of 8 GPUs (80 GB class) with vLLM
 rollouts, FSDP and gradient checkpointing. Planned here for that node (``mesh_fsdp=8``): rollouts
 sampled 512 rows at a time, per-layer rematerialisation, the LM head in 512-token chunks and
-gradient micro-batches of about 4 rows per device (``full_size.with_memory_plan``). XLA's memory
+gradient micro-batches of at most 4 rows per device (``full_size.with_memory_plan``). XLA's memory
 analysis (compiled for CPU, one device; not measured on an accelerator): a Qwen2.5-Math-1.5B row
 of 1,024 + 3,072 tokens needs about 3 GiB beyond a fixed 14 GiB with these settings. Runtime: not measured. Status: not run at full size here (no
 numbers); ``tests/experiments/test_full_configs.py`` builds every configuration at toy size and
@@ -79,7 +79,7 @@ def _base() -> dict:
       max_prompt_tokens=1024, max_new_tokens=3072,
       recipe="dars", recipe_args={}, group_size=N,
       weight_decay=0.01,  # the fork's AdamW default (fsdp_workers.py)
-      eval_problems=10 ** 6, eval_samples=128,  # all test problems, n_val 128
+      eval_problems=0, eval_samples=128,  # all test problems, n_val 128
   )
 
 

@@ -98,8 +98,9 @@ class Tracker:
       tracker.update(state.params)                    # after every training step
       metrics.update(tracker.evaluate(evaluate_fn, state.params, keys=("pass@1",)))
 
-  ``update`` is the jitted pure ``update`` with the old state donated; the state is not part of
-  the checkpoint, so after a resume the averages start again from the resumed parameters.
+  ``update`` is the jitted pure ``update`` with the old state donated. ``state`` is a pytree the
+  caller checkpoints beside the train state (the run loop does), so a resumed run continues its
+  averages exactly.
   """
 
   def __init__(self, specs: str, params):

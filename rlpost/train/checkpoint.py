@@ -8,7 +8,7 @@ temporary directory and renames it on completion, so a crash never leaves a chec
 Integrity: every save also records a manifest in the JSON item (each leaf's shape, dtype and
 CRC-32 of its bytes). ``restore`` checks the tree structure, shapes and dtypes against the run's
 template before reading, then the checksums and finiteness of what it read, and raises
-``CheckpointError`` naming the step and the leaf. ``restore_latest`` walks back to the previous
+``CheckpointError`` naming the step and the leaf; a checkpoint without a manifest is refused. ``restore_latest`` walks back to the previous
 good checkpoint only when asked (``fallback=True``), moving each bad one aside (never deleting it).
 """
 
@@ -125,7 +125,11 @@ class Checkpointer:
     if not isinstance(meta, dict):
       raise CheckpointError(step, self.directory, "metadata is not a JSON object")
     expected = meta.get(INTEGRITY_KEY)
-    if verify and expected is not None:
+    if verify:
+      if not isinstance(expected, list):
+        raise CheckpointError(step, self.directory, "has no integrity manifest in its metadata "
+                              "(every checkpoint rlpost writes has one): damaged, or not "
+                              "written by rlpost")
       self._check_template(step, expected, leaves)
     abstract = {f"{i:05d}": ocp.utils.to_shape_dtype_struct(x) for i, x in enumerate(leaves)}
     try:

@@ -85,31 +85,50 @@ def _truncate_metrics(path: str, last_step: int) -> None:
   os.replace(tmp, path)
 
 
+def check_run_dir(run_dir: str, cfg) -> None:
+  """Fail early, before any data or model work, when ``run_dir`` cannot hold this run: it is a
+  file, or it holds a run with a different config (keys outside ``OPERATIONAL_KEYS``)."""
+  if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+    raise NotADirectoryError(f"config key 'run_dir': {run_dir} is a file, not a directory")
+  cfg_path = os.path.join(run_dir, "config.json")
+  if not os.path.exists(cfg_path):
+    return
+  try:
+    with open(cfg_path) as f:
+      saved = json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise ValueError(f"{cfg_path} is unreadable ({e}); use another run_dir") from None
+  if not isinstance(saved, dict):
+    raise ValueError(f"{cfg_path} is not a JSON object; use another run_dir")
+  # Compared as JSON (tuples read back as lists); a key the saved config predates counts as
+  # its default value.
+  cfg_dict = _config_json(cfg)
+  defaults = json.loads(json.dumps(dataclasses.asdict(type(cfg)())))
+  changed = sorted(k for k in set(saved) | set(cfg_dict)
+                   if saved.get(k, defaults.get(k)) != cfg_dict.get(k)
+                   and k not in OPERATIONAL_KEYS)
+  if changed:
+    raise ValueError(f"{run_dir} holds a run with a different config (keys {changed}); "
+                     f"use another run_dir")
+
+
+def _config_json(cfg) -> dict:
+  return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
 def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
   """Train ``trainer.cfg.steps`` steps in ``run_dir`` (resuming if it holds checkpoints).
 
-  Returns {"state", "evals" (list of eval dicts with "step"), "resumed_from"}.
+  Returns {"state", "evals" (list of eval dicts with "step"), "resumed_from", "averages"
+  ({name: averaged parameters} with ``averaging`` set, else {})}. A resume that fails (a
+  corrupt checkpoint, another config) changes nothing in ``run_dir``.
   """
   cfg = trainer.cfg
   log = trainer.log
+  check_run_dir(run_dir, cfg)
+  cfg_dict = _config_json(cfg)
   os.makedirs(run_dir, exist_ok=True)
   cfg_path = os.path.join(run_dir, "config.json")
-  # Compared as JSON (tuples read back as lists); a key the saved config predates counts as
-  # its default value.
-  cfg_dict = json.loads(json.dumps(dataclasses.asdict(cfg)))
-  if os.path.exists(cfg_path):
-    with open(cfg_path) as f:
-      saved = json.load(f)
-    defaults = json.loads(json.dumps(dataclasses.asdict(type(cfg)())))
-    changed = sorted(k for k in set(saved) | set(cfg_dict)
-                     if saved.get(k, defaults.get(k)) != cfg_dict.get(k)
-                     and k not in OPERATIONAL_KEYS)
-    if changed:
-      raise ValueError(f"{run_dir} holds a run with a different config (keys {changed}); "
-                       f"use another run_dir")
-  if _primary():
-    with open(cfg_path, "w") as f:
-      json.dump(cfg_dict, f, indent=2, sort_keys=True)
   metrics_path = os.path.join(run_dir, "metrics.jsonl")
   ckpt = checkpoint.Checkpointer(os.path.join(run_dir, "checkpoints"),
                                  keep_last=cfg.keep_checkpoints, best_metric="eval/pass@1")
@@ -124,6 +143,12 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
     ckpt.close()
     raise
   evals = []
+  # Written only once the resume succeeded: a failed resume leaves the directory as it was.
+  if _primary():
+    tmp = cfg_path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(cfg_dict, f, indent=2, sort_keys=True)
+    os.replace(tmp, cfg_path)
   if resumed_from is not None:
     if tracker:
       restored, tracker.state = restored
@@ -134,10 +159,15 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
     if resumed_from >= cfg.steps:
       log(f"run already finished at step {resumed_from} (steps={cfg.steps}); nothing to do")
       ckpt.close()
-      return {"state": state, "evals": evals, "resumed_from": resumed_from}
+      averages = tracker.results(state.params) if tracker is not None else {}
+      return {"state": state, "evals": evals, "resumed_from": resumed_from, "averages": averages}
   else:
-    if _primary() and os.path.exists(metrics_path):
-      os.remove(metrics_path)  # a run with no checkpoint starts over
+    if os.path.exists(metrics_path):
+      # An earlier attempt ran but was stopped before its first checkpoint was complete.
+      log(f"no complete checkpoint in {ckpt.directory}; starting at step 0 (the metrics of the "
+          "interrupted attempt are discarded)")
+      if _primary():
+        os.remove(metrics_path)
 
   def do_eval(step: int):
     t0 = time.perf_counter()
@@ -224,7 +254,8 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
     ckpt.close()
   if _primary():
     plot_learning_curve(metrics_path, os.path.join(run_dir, "learning_curve.png"))
-  return {"state": state, "evals": evals, "resumed_from": resumed_from}
+  averages = tracker.results(state.params) if tracker is not None else {}
+  return {"state": state, "evals": evals, "resumed_from": resumed_from, "averages": averages}
 
 
 def read_metrics(path: str) -> list[dict]:

@@ -44,7 +44,7 @@ from rlpost.rollouts import dars
 from rlpost.tasks import arithmetic, builders, countdown, math_data
 from rlpost.tasks.tokenizer import EOS, PAD, CharTokenizer
 from rlpost.train import sft
-from rlpost.types import RolloutBatch
+from rlpost.types import LOGP_FIELDS, RolloutBatch
 
 DEFAULT_MODEL = dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=4,
                      intermediate_size=512, max_seq_len=64)
@@ -165,6 +165,24 @@ class RLConfig:
       seq = self.model.get("max_seq_len", 1)
       if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
         raise ValueError(f"config key 'model': max_seq_len must be a positive int (got {seq!r})")
+    for key in ("lr", "sft_lr", "b1", "b2", "weight_decay", "grad_clip", "temperature", "top_p",
+                "guard_truncated", "guard_logp_mismatch"):
+      need(math.isfinite(getattr(self, key)), key, "must be a finite number")
+    need(self.sft_steps >= 0, "sft_steps", "must be >= 0 (0: no SFT warm start)")
+    need(self.sft_batch_size >= 1, "sft_batch_size", "must be >= 1")
+    need(self.sft_lr > 0, "sft_lr", "must be > 0")
+    need(0 <= self.b1 < 1, "b1", "must be in [0, 1)")
+    need(0 <= self.b2 < 1, "b2", "must be in [0, 1)")
+    need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+    need(self.grad_clip > 0, "grad_clip", "must be > 0")
+    need(self.num_train >= 1, "num_train", "must be >= 1")
+    need(self.num_test >= 1, "num_test", "must be >= 1")
+    need(self.eval_problems >= 0, "eval_problems", "must be >= 0 (0: the whole test split)")
+    if self.task not in math_data.FILE_TASKS:
+      need(self.eval_problems <= self.num_test, "eval_problems",
+           f"exceeds the {self.num_test} problems of the test split (num_test); use "
+           "eval_problems=0 for all of them")
+    need(self.eval_batch >= 1, "eval_batch", "must be >= 1")
     need(self.max_prompt_tokens >= 0, "max_prompt_tokens", "must be >= 0")
     need(self.policy or not self.extra_stop_tokens, "extra_stop_tokens",
          "needs a policy (the character model stops at its EOS only)")
@@ -230,6 +248,9 @@ class RLConfig:
     if self.recipe not in obj.list_recipes():
       raise ValueError(f"config key 'recipe': unknown recipe {self.recipe!r}; "
                        f"known: {list(obj.list_recipes())}")
+    # The recipe's arguments, checked now (building it is cheap) rather than after the data
+    # and the SFT warm start; lengths not known yet stand in as max_new_tokens or 16.
+    _recipe(self, self.max_new_tokens or 16)
     unknown = set(self.model) - {f.name for f in dataclasses.fields(tfm.TransformerConfig)}
     if unknown:
       raise ValueError(f"config key 'model': unknown TransformerConfig field(s) {sorted(unknown)}")
@@ -455,6 +476,10 @@ class Trainer:
         rows, enc = [rows[i] for i in keep], [enc[i] for i in keep]
       data[split], ids[split] = rows, enc
     self.rows = data
+    if cfg.eval_problems > len(data["test"]):
+      raise ValueError(f"config key 'eval_problems': {cfg.eval_problems} exceeds the "
+                       f"{len(data['test'])} {cfg.task} test problems; use eval_problems=0 for "
+                       "all of them")
     tp = max(len(e) for split in ids.values() for e in split)
     self.train_data = _policy_task_arrays(data["train"], ids["train"], tok, tp)
     self.test_data = _policy_task_arrays(data["test"], ids["test"], tok, tp)
@@ -550,17 +575,20 @@ class Trainer:
     idx = self._rows(idx)
     prompts, pmask = self._rows(data.prompt_tokens[idx]), self._rows(data.prompt_mask[idx])
     r, c = idx.shape[0], self.cfg.rollout_chunk
+    # One key per row: a row's completion depends on its own key only, so sampling in chunks
+    # (rollout_chunk) draws the same rows as sampling all at once.
+    keys = self._rows(jax.random.split(key, r))
     if c <= 0 or c >= r:
-      out = sampling.sample(self.graphdef, params, prompts, pmask, key, cfg=self.sampling_cfg)
+      out = sampling.sample(self.graphdef, params, prompts, pmask, keys, cfg=self.sampling_cfg)
     else:
-      # Sequential chunks of c rows (one KV cache of c rows at a time), each with its own key.
+      # Sequential chunks of c rows: one KV cache of c rows at a time.
       def chunk(args):
         p, m, k = args
-        return sampling.sample(self.graphdef, params, self._rows(p), self._rows(m), k,
+        return sampling.sample(self.graphdef, params, self._rows(p), self._rows(m), self._rows(k),
                                cfg=self.sampling_cfg)
 
       out = jax.lax.map(chunk, (prompts.reshape(r // c, c, -1), pmask.reshape(r // c, c, -1),
-                                jax.random.split(key, r // c)))
+                                keys.reshape(r // c, c)))
       out = jax.tree.map(lambda x: self._rows(x.reshape(r, *x.shape[2:])) if x.ndim >= 2
                          else jnp.max(x), out)  # per-chunk scalars (num_steps): the longest
     rewards, correct = self._reward(out.tokens, out.mask, idx, data)
@@ -741,6 +769,10 @@ class Trainer:
         nonfinite_batch=(~finite.ok).astype(jnp.int32),
         **self._confidence_metrics(batch),
         nonfinite_index=finite.first_bad_index,
+        nonfinite_field=finite.field,
+        nonfinite_prompt=ro.idx[jnp.maximum(finite.first_bad_index, 0)],
+        nonfinite_group=group[jnp.maximum(finite.first_bad_index, 0)],
+        nonfinite_params=(~_all_finite(params)).astype(jnp.int32),
     )
     new_state = RLState(params=params, opt_state=opt_state, key=state.key, step=state.step + 1,
                         cursor=state.cursor + consumed)
@@ -765,7 +797,8 @@ class Trainer:
     test split, overall and per difficulty. Sampling at the training temperature."""
     cfg = self.cfg
     data = self.test_data
-    n_prob = min(num_problems or cfg.eval_problems, data.prompt_tokens.shape[0])
+    n_test = data.prompt_tokens.shape[0]
+    n_prob = min(num_problems or cfg.eval_problems or n_test, n_test)
     n = num_samples or cfg.eval_samples
     rows = max(1, cfg.eval_batch // n) * n  # rows per call: whole problems
     per_call = rows // n
@@ -852,12 +885,30 @@ def make_train(config: RLConfig | dict, **kw) -> Trainer:
   return Trainer(cfg, **kw)
 
 
+def _all_finite(tree) -> jax.Array:
+  """[] bool: every floating-point value of ``tree`` is finite (one reduction per leaf)."""
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
+
+
+_FINITE_FIELDS = ("reward", *(f.replace("_logp", " log-prob") for f in LOGP_FIELDS))
+
+
 def raise_if_bad(metrics: dict, step: int) -> None:
-  """Host-side checks after a step: non-finite rollouts or loss stop the run with the index."""
+  """Host-side checks after a step: non-finite rollouts, loss or parameters stop the run with
+  the rollout, its prompt and group, or the likely cause named."""
   if int(metrics["nonfinite_batch"]):
+    field = int(metrics.get("nonfinite_field", -1))
+    what = _FINITE_FIELDS[field] if 0 <= field < len(_FINITE_FIELDS) else "reward or log-prob"
     raise FloatingPointError(
-        f"step {step}: non-finite reward or log-prob at rollout index "
-        f"{int(metrics['nonfinite_index'])} (prompt {int(metrics['nonfinite_index'])} // G)")
+        f"step {step}: non-finite {what} at rollout index {int(metrics['nonfinite_index'])} "
+        f"(train prompt {int(metrics['nonfinite_prompt'])}, group "
+        f"{int(metrics['nonfinite_group'])} of the step)")
+  if int(metrics.get("nonfinite_params", 0)):
+    raise FloatingPointError(
+        f"step {step}: the update made the policy parameters non-finite (gradient norm "
+        f"{float(metrics['grad_norm']):.3g}); check lr, grad_clip and the recipe's coefficients")
   loss = float(metrics["loss"])
   if not math.isfinite(loss):
     raise FloatingPointError(f"step {step}: loss became {loss}")

@@ -10,27 +10,41 @@ import pytest
 from experiments import mc_grpo, rl_seeds
 from rlpost.train import rl
 from scripts import reproduce
+from rl_testutil import assert_moved, learning_config, max_update_gap
 
 
 def test_vmapped_seeds_match_single_runs(tmp_path):
+  """Seeds vmapped in one program against each seed run alone. These are different programs
+  (batched kernels sum in another order), so the contract is a tolerance, checked on steps
+  that moved: rewards within one rollout's reward, gradient norms to 1e-3 relative, and after
+  two steps each seed's parameters within 1% of how far they moved."""
   sz = mc_grpo.sizes(quick=True)
-  base = dict(mc_grpo.base_config(sz), data_dir=str(tmp_path / "data"),
-              cache_dir=str(tmp_path / "cache"), graded_reward=True, sft_steps=60)
+  dirs = dict(data_dir=str(tmp_path / "data"), cache_dir=str(tmp_path / "cache"))
+  fixture = learning_config(dirs)
+  base = dict(mc_grpo.base_config(sz), **{k: fixture[k] for k in (
+      "data_dir", "cache_dir", "sft_steps", "sft_lr", "num_prompts", "task_spec", "model")})
   cfg = mc_grpo.arm_config(base, 2, "median")
   tr = rl.make_train(cfg, log=lambda s: None)
+  rows = tr.cfg.num_prompts * tr.cfg.group_size
   states = rl_seeds.stack_states(tr, [0, 1])
+  start = tr.init_state().params
   step = rl_seeds.vmapped_step(tr, states)
+  vmapped = []
   for _ in range(2):
     states, metrics = step(states)
+    vmapped.append(jax.device_get(metrics))
   assert tr.num_traces == 1  # all seeds in one program, compiled once
   for i, seed in enumerate([0, 1]):
     single = tr.init_state()._replace(key=jax.random.key_data(jax.random.key(seed)))
-    for _ in range(2):
+    for t in range(2):
       single, m = tr.step(single)
-    assert float(m["reward"]) == float(metrics["reward"][i])  # same rollouts
-    np.testing.assert_allclose(float(m["loss"]), float(metrics["loss"][i]), rtol=1e-4, atol=1e-7)
-    for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(rl_seeds.unstack(states, i).params)):
-      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+      m = jax.device_get(m)
+      assert_moved(m, f"seed {seed} step {t + 1}")
+      v = {k: x[i] for k, x in vmapped[t].items()}
+      assert abs(float(m["reward"]) - float(v["reward"])) <= 1 / rows + 1e-7
+      np.testing.assert_allclose(float(v["grad_norm"]), float(m["grad_norm"]), rtol=1e-3)
+    gap, moved = max_update_gap(rl_seeds.unstack(states, i).params, single.params, start)
+    assert moved > 0 and gap <= 1e-2 * moved, (seed, gap, moved)
 
 
 def test_arm_configs():
@@ -45,7 +59,7 @@ def test_arm_configs():
 
 
 @pytest.mark.slow
-def test_reproduce_mc_grpo_quick(tmp_path):
+def test_reproduce_mc_grpo_quick(tmp_path, monkeypatch):
   out = tmp_path / "mc"
   reproduce.main(["mc_grpo", "--quick", "--out", str(out), "--no-progress"])
   for name in ("table.md", "results.json", "accuracy_vs_g.png", "learning_curves.png",
@@ -60,7 +74,14 @@ def test_reproduce_mc_grpo_quick(tmp_path):
   assert all(v["opposite"] == 0.0 for d in flips.values() for v in d.values())  # 0/1 rewards
   table = (out / "table.md").read_text()
   assert "## Paper claims" in table and "median closes" in table
-  # Resumable: a second run reuses every finished arm.
+  # Resumable: a second run reuses every finished arm and trains nothing.
   cached = sorted(os.listdir(out / "cache"))
+
+  def no_training(*args, **kwargs):
+    raise AssertionError("a finished arm was trained again")
+
+  monkeypatch.setattr(rl, "make_train", no_training)
   reproduce.main(["mc_grpo", "--quick", "--out", str(out), "--no-progress"])
   assert sorted(os.listdir(out / "cache")) == cached
+  again = json.loads((out / "results.json").read_text())
+  assert again["arms"] == res["arms"]

@@ -19,9 +19,9 @@ from hypothesis import given, settings, strategies as st
 from rlpost.tasks import arithmetic
 from rlpost.tasks.tokenizer import CharTokenizer
 from rlpost.train import checkpoint, guards, loop, rl
+from rl_testutil import assert_moved, learning_config, max_update_gap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY_MODEL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +31,8 @@ def dirs(tmp_path_factory):
 
 
 def tiny_cfg(dirs, **kw):
-  cfg = dict(task_spec=dict(min_digits=1, max_digits=2), num_train=200, num_test=40,
-             model=TINY_MODEL, sft_steps=60, sft_batch_size=32, num_prompts=4, group_size=4,
-             graded_reward=True, steps=4, eval_every=2, eval_problems=8, eval_samples=4,
-             eval_batch=32, checkpoint_every=2, **dirs)
-  cfg.update(kw)
-  return cfg
+  """The learning fixture policy (tests/rl_testutil.py) with checkpoints every 2 steps."""
+  return learning_config(dirs, **kw)
 
 
 def tiny(dirs, **kw):
@@ -112,11 +108,11 @@ def test_corrupt_latest_checkpoint_errors_then_falls_back_only_when_asked(dirs, 
   loop.run(tiny(dirs), run_dir, progress=False)  # checkpoints at steps 2 and 4
   ckpt_dir = os.path.join(run_dir, "checkpoints")
   _damage(ckpt_dir, 4, how)
-  rows_before = _train_rows(run_dir)
+  before = _tree_digest(run_dir)
   with pytest.raises(checkpoint.CheckpointError, match=r"step 4 .*resume_fallback"):
     loop.run(tiny(dirs, steps=6), run_dir, progress=False)
-  # Nothing already saved was lost by the failed resume.
-  assert _train_rows(run_dir) == rows_before
+  # The failed resume changed nothing on disk (config.json, metrics, checkpoints, events).
+  assert _tree_digest(run_dir) == before
   assert sorted(os.listdir(ckpt_dir)) == ["2", "4"]
   messages = []
   tr = tiny(dirs, steps=6, resume_fallback=True)
@@ -128,6 +124,57 @@ def test_corrupt_latest_checkpoint_errors_then_falls_back_only_when_asked(dirs, 
   # Rows of steps 3-4 were redone from the step-2 checkpoint, once each.
   steps = [r["step"] for r in _train_rows(run_dir) if "train/loss" in r]
   assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def _tree_digest(root: str) -> dict:
+  """{relative path: sha256 of the file's bytes} of every file under ``root``."""
+  import hashlib
+
+  out = {}
+  for d, _, names in os.walk(root):
+    for n in names:
+      path = os.path.join(d, n)
+      with open(path, "rb") as f:
+        out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
+def test_checkpoint_without_manifest_is_refused_naming_the_step(dirs, tmp_path):
+  """A checkpoint whose manifest was removed (and whose data was then damaged) is not restored
+  unchecked: every checkpoint rlpost writes has a manifest, so a missing one is an error."""
+  run_dir = str(tmp_path / "run")
+  loop.run(tiny(dirs), run_dir, progress=False)
+  meta_file = os.path.join(run_dir, "checkpoints", "4", "meta", "metadata")
+  with open(meta_file) as f:
+    meta = json.load(f)
+  del meta[checkpoint.INTEGRITY_KEY]
+  with open(meta_file, "w") as f:
+    json.dump(meta, f)
+  _damage(os.path.join(run_dir, "checkpoints"), 4, "overwrite")
+  before = _tree_digest(run_dir)
+  with pytest.raises(checkpoint.CheckpointError, match=r"step 4 .*no integrity manifest"):
+    loop.run(tiny(dirs, steps=6), run_dir, progress=False)
+  assert _tree_digest(run_dir) == before
+
+
+def test_relaunch_without_a_complete_checkpoint_says_it_starts_over(dirs, tmp_path):
+  """A process killed before its first checkpoint completed (metrics written, the checkpoint
+  only a temporary directory) is relaunched from step 0, and the log says so."""
+  run_dir = tmp_path / "run"
+  loop.run(tiny(dirs, steps=1, checkpoint_every=5), str(run_dir), progress=False)
+  # What such a kill leaves behind: the config, metric rows, an unfinished orbax write.
+  ckpt_dir = run_dir / "checkpoints"
+  for step in os.listdir(ckpt_dir):
+    os.rename(ckpt_dir / step, ckpt_dir / f"{step}.orbax-checkpoint-tmp-1")
+  assert loop.read_metrics(str(run_dir / "metrics.jsonl"))
+  messages = []
+  tr = tiny(dirs, steps=2, checkpoint_every=5)
+  tr.log = messages.append
+  out = loop.run(tr, str(run_dir), progress=False)
+  assert out["resumed_from"] is None and int(out["state"].step) == 2
+  assert any(f"no complete checkpoint in {ckpt_dir}; starting at step 0" in m for m in messages)
+  steps = [r["step"] for r in _train_rows(str(run_dir)) if "train/loss" in r]
+  assert steps == [1, 2]
 
 
 # ------------------------------------------------------------------------------ crash safety
@@ -145,19 +192,28 @@ def _launch(cfg_path, run_dir, log_path, env=None):
 
 
 def _saving(ckpt_dir: str) -> bool:
-  return os.path.isdir(ckpt_dir) and any("tmp" in n for n in os.listdir(ckpt_dir))
-
-
-def _rows_done(run_dir: str) -> int:
+  """An asynchronous checkpoint write is in flight (orbax writes to a temporary directory)."""
   try:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-      return sum('"train/loss"' in line for line in f)
+    return any("tmp" in n for n in os.listdir(ckpt_dir))
+  except FileNotFoundError:
+    return False
+
+
+def _complete(ckpt_dir: str) -> int:
+  """The latest complete checkpoint's step (orbax renames a finished write to its step)."""
+  try:
+    return max((int(n) for n in os.listdir(ckpt_dir) if n.isdigit()), default=0)
   except FileNotFoundError:
     return 0
 
 
 @pytest.mark.slow
 def test_sigkill_at_random_points_resumes_to_the_uninterrupted_result(dirs, tmp_path):
+  """Four SIGKILLs, two while an asynchronous checkpoint write is in flight and two at a
+  random point between steps, then a relaunch that runs to the end. Each kill waits until the
+  attempt completed a checkpoint newer than the one it resumed from, so the run progresses by
+  construction however slow the machine; the result must equal the uninterrupted run's,
+  bitwise (same program, same device count)."""
   steps = 12
   cfg = tiny_cfg(dirs, steps=steps, checkpoint_every=1, eval_every=6)
   like = rl.make_train(cfg, log=lambda s: None).init_state()  # also builds the data and SFT cache
@@ -169,31 +225,29 @@ def test_sigkill_at_random_points_resumes_to_the_uninterrupted_result(dirs, tmp_
 
   rng = random.Random(0)
   ckpt_dir = os.path.join(crash_dir, "checkpoints")
-  kills = {"save": 0, "step": 0}
-  for attempt in range(12):
+  kills = []
+  for mode in ("save", "step", "save", "step"):
     proc = _launch(cfg_path, crash_dir, str(tmp_path / "crash.log"))
-    mode = "save" if attempt % 2 == 0 else "step"
-    start_rows = _rows_done(crash_dir)
-    deadline = time.time() + 300
+    resumed = _complete(ckpt_dir)
+    deadline = time.time() + 600
     while proc.poll() is None and time.time() < deadline:
-      if mode == "save" and _rows_done(crash_dir) > start_rows and _saving(ckpt_dir):
-        break  # an asynchronous checkpoint write is in flight
-      if mode == "step" and _rows_done(crash_dir) >= start_rows + 1:
-        time.sleep(rng.uniform(0.0, 0.2))  # somewhere inside the following steps
-        break
+      if _complete(ckpt_dir) > resumed:
+        if mode == "save" and _saving(ckpt_dir):
+          break  # the next asynchronous checkpoint write is in flight
+        if mode == "step":
+          time.sleep(rng.uniform(0.0, 0.3))  # somewhere inside the following steps
+          break
       time.sleep(0.002)
-    if proc.poll() is None:
-      proc.send_signal(signal.SIGKILL)
-      proc.wait()
-      kills[mode] += 1
-    elif proc.returncode == 0:
-      break
-    else:
-      pytest.fail(f"training failed (rc {proc.returncode}):\n"
-                  f"{open(tmp_path / 'crash.log').read()[-3000:]}")
+    if proc.poll() is not None:
+      assert proc.returncode == 0, open(tmp_path / "crash.log").read()[-3000:]
+      break  # finished before this kill could land
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    kills.append((mode, _complete(ckpt_dir)))
   else:
-    pytest.fail("the run never finished")
-  assert kills["save"] >= 2 and kills["step"] >= 2, kills
+    proc = _launch(cfg_path, crash_dir, str(tmp_path / "crash.log"))
+    assert proc.wait(600) == 0, open(tmp_path / "crash.log").read()[-3000:]
+  assert len(kills) >= 3 and any(m == "save" for m, _ in kills), kills
   assert "resumed" in open(tmp_path / "crash.log").read()
   # The final state equals the uninterrupted run's, bitwise, and so does the metrics log.
   ref = checkpoint.Checkpointer(os.path.join(ref_dir, "checkpoints"), async_save=False)
@@ -201,6 +255,8 @@ def test_sigkill_at_random_points_resumes_to_the_uninterrupted_result(dirs, tmp_
   (a, _), (b, _) = ref.restore(steps, like), got.restore(steps, like)
   ref.close()
   got.close()
+  _, moved = max_update_gap(like.params, a.params, like.params)
+  assert moved > 0  # the compared runs trained
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   assert _train_rows(crash_dir) == _train_rows(ref_dir)
@@ -265,6 +321,8 @@ def test_same_config_and_seed_give_identical_metrics(dirs):
       ms.append({k: float(v) for k, v in jax.device_get(m).items()})
     runs.append((ms, tr.evaluate(state.params, num_problems=8, num_samples=4)))
   assert runs[0] == runs[1]
+  for m in runs[0][0]:
+    assert_moved(m, "determinism run")
   other = tiny(dirs, seed=1)
   _, m = other.step(other.init_state())
   assert float(m["grad_norm"]) != runs[0][0][0]["grad_norm"]
@@ -272,13 +330,14 @@ def test_same_config_and_seed_give_identical_metrics(dirs):
 
 # ------------------------------------------------------------------------------- bad input
 def test_reward_function_exceptions_name_the_batch(dirs):
-  tr = tiny(dirs, task="countdown", task_spec={}, num_train=100, num_test=20)
+  tr = tiny(dirs, task="countdown", task_spec={}, num_train=100, num_test=20, sft_steps=10)
 
   def broken(tokens, mask, idx, split):
     raise KeyError("lookup failed")
 
   tr._score_host = broken
-  with pytest.raises(Exception, match=r"reward function failed on a batch of 16 rollouts "
+  rows = tr.cfg.num_prompts * tr.cfg.group_size
+  with pytest.raises(Exception, match=rf"reward function failed on a batch of {rows} rollouts "
                      r"\(prompts \d+\.\.\d+\): KeyError"):
     tr.step(tr.init_state())
 
@@ -331,12 +390,24 @@ def test_two_processes_on_jax_distributed_match_one(dirs, tmp_path):
   a = [r for r in _train_rows(str(tmp_path / "one")) if "train/loss" in r]
   b = [r for r in _train_rows(str(tmp_path / "two")) if "train/loss" in r]
   assert [r["step"] for r in b] == [1, 2, 3]
+  rows = cfg["num_prompts"] * cfg["group_size"]
   for ra, rb in zip(a, b):
-    # Rollouts (hence rewards) are identical; the loss and gradient differ only by the order
-    # of the cross-process sum.
-    assert ra["train/reward"] == rb["train/reward"]
-    assert ra["train/response_length"] == rb["train/response_length"]
-    np.testing.assert_allclose(rb["train/grad_norm"], ra["train/grad_norm"], rtol=1e-4)
-    np.testing.assert_allclose(rb["train/loss"], ra["train/loss"], rtol=1e-3, atol=1e-6)
-  assert a[0]["train/grad_norm"] > 1e-3  # the comparison is not between two zeros
+    # The contract across process counts (another program: the gradient is summed across
+    # processes in another order): the same rollouts up to a near-tie token flip, gradient
+    # norms and KL to 1e-3 relative. The loss is not compared: GRPO's surrogate is ~0 by
+    # value at ratio 1, so its relative error is meaningless.
+    assert_moved({k[len("train/"):]: v for k, v in ra.items() if k.startswith("train/")},
+                 f"step {ra['step']}")
+    assert abs(ra["train/reward"] - rb["train/reward"]) <= 1 / rows + 1e-7
+    np.testing.assert_allclose(rb["train/grad_norm"], ra["train/grad_norm"], rtol=1e-3)
+    np.testing.assert_allclose(rb["train/kl"], ra["train/kl"], rtol=1e-3, atol=1e-7)
   assert sorted(os.listdir(tmp_path / "two" / "checkpoints")) == ["2", "3"]
+  # After three steps the parameters agree within 1% of how far they moved.
+  like = rl.make_train(cfg, log=lambda s: None).init_state()
+  got = []
+  for name in ("one", "two"):
+    ck = checkpoint.Checkpointer(str(tmp_path / name / "checkpoints"), async_save=False)
+    got.append(ck.restore(3, like)[0].params)
+    ck.close()
+  gap, moved = max_update_gap(got[1], got[0], like.params)
+  assert moved > 0 and gap <= 1e-2 * moved, (gap, moved)
