@@ -477,9 +477,8 @@ class Trainer:
       data[split], ids[split] = rows, enc
     self.rows = data
     if cfg.eval_problems > len(data["test"]):
-      raise ValueError(f"config key 'eval_problems': {cfg.eval_problems} exceeds the "
-                       f"{len(data['test'])} {cfg.task} test problems; use eval_problems=0 for "
-                       "all of them")
+      self.log(f"eval_problems={cfg.eval_problems} exceeds the {len(data['test'])} {cfg.task} "
+               f"test problems: evaluating all {len(data['test'])}")
     tp = max(len(e) for split in ids.values() for e in split)
     self.train_data = _policy_task_arrays(data["train"], ids["train"], tok, tp)
     self.test_data = _policy_task_arrays(data["test"], ids["test"], tok, tp)
