@@ -63,7 +63,7 @@ def _config(args, prompts: int, new_tokens: int, hidden: int | None) -> dict:
   cfg = dict(task="arithmetic", graded_reward=True, sft_steps=0, recipe="grpo",
              num_prompts=prompts, group_size=args.group_size, max_new_tokens=new_tokens,
              model=model, num_train=2000 if not args.quick else 200, num_test=40,
-             eval_every=10 ** 6)
+             eval_every=10 ** 6, eval_problems=0)
   if args.data_dir:
     cfg["data_dir"] = args.data_dir
   return cfg

@@ -52,7 +52,8 @@ def _config(args, beta: float) -> dict:
   cfg = dict(task="arithmetic", graded_reward=True, sft_steps=0, recipe="grpo",
              recipe_args={"kl_coef": beta}, num_prompts=args.prompts, group_size=args.group_size,
              max_new_tokens=args.new_tokens, temperature=1.0, lr=1e-4, weight_decay=0.0,
-             grad_clip=1.0, model=dict(POLICY), num_train=2000, num_test=100)
+             grad_clip=1.0, model=dict(POLICY), num_train=2000, num_test=100,
+             eval_problems=0)
   if args.quick:
     cfg.update(model=dict(TOY_POLICY), num_train=200, num_test=40)
   if args.data_dir:
