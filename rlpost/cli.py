@@ -31,7 +31,7 @@ INTERRUPT_STATUS = 130
 # classifying an error never imports anything.
 _BUILTIN_USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
                         IsADirectoryError, PermissionError, FloatingPointError)
-_PROJECT_USER_ERRORS = (("rlpost.train.checkpoint", "CheckpointError"),
+_PROJECT_USER_ERRORS = (("rlpost.checkpoint_format", "CheckpointError"),
                         ("rlpost.train.guards", "TrainingStalled"))
 
 

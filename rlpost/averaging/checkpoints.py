@@ -1,12 +1,13 @@
 """Reading parameters out of a run's orbax checkpoints, and writing averaged ones atomically.
 
 The project's ``rlpost.train.checkpoint.Checkpointer`` stores the whole train state (parameters,
-optimizer state, PRNG key, step, data cursor) as a flat dict of its leaves, keyed "00000",
-"00001", ... in ``jax.tree.leaves`` order, under ``<dir>/<step>/state``, with a JSON item under
-``<dir>/<step>/meta``. ``CheckpointSource`` restores only the parameter leaves (an orbax partial
-restore: the other keys are never opened, so optimizer state costs no I/O and no memory), directly
-onto target shardings, and checks before reading any array that every selected checkpoint holds
-the same keys with the same shapes and dtypes.
+optimizer state, PRNG key, step, data cursor) in the layout of ``rlpost.checkpoint_format``: a
+flat dict of its leaves, keyed "00000", "00001", ... in ``jax.tree.leaves`` order, under
+``<dir>/<step>/state``, with a JSON item under ``<dir>/<step>/meta``. ``CheckpointSource``
+restores only the parameter leaves (an orbax partial restore: the other keys are never opened, so
+optimizer state costs no I/O and no memory), directly onto target shardings, and checks before
+reading any array that every selected checkpoint holds the same keys with the same shapes and
+dtypes.
 
 Which keys are parameters:
   ``like`` + ``select``  a template of the whole train state and a function picking its parameter
@@ -25,8 +26,8 @@ Integrity: ``load`` checks every restored leaf against the CRC-32 manifest that 
 ``Checkpointer`` stores in the meta item, so a checkpoint without a manifest (not written by
 rlpost's run loop, or damaged) is refused unless the source is opened with ``verify=False``. A
 file that cannot be read or parsed (a truncated array chunk, metadata JSON or OCDBT manifest)
-raises ``rlpost.train.checkpoint.CheckpointError`` naming the step, the file or directory, and the
-first line of the underlying error.
+raises ``rlpost.checkpoint_format.CheckpointError`` (the class ``rlpost.train.checkpoint``
+re-exports) naming the step, the file or directory, and the first line of the underlying error.
 
 ``write_params`` writes an averaged parameter tree (same flat layout, readable with
 ``rlpost.train.checkpoint.load_params(out/"params", like)``) plus ``averaging.json`` into a
@@ -39,8 +40,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import uuid
 from typing import Any, Callable, NoReturn, Sequence
 
 import jax
@@ -49,13 +48,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorstore as ts
 
+from rlpost.checkpoint_format import (INTEGRITY_KEY, META_ITEM, STATE_ITEM, CheckpointError,
+                                     crc32_of, flat_key, host_copy, read_tree, write_tree)
+
 Params = Any
-STATE_ITEM = "state"
-META_ITEM = "meta"
-
-
-def flat_key(i: int) -> str:
-  return f"{i:05d}"
 
 
 def param_key_indices(like: Any, select: Callable[[Any], Any]) -> Any:
@@ -226,9 +222,7 @@ class CheckpointSource:
   def _damaged(self, step: int, path: str, detail: str,
                cause: BaseException | None = None) -> NoReturn:
     """Raise ``CheckpointError`` for ``step``: ``path`` (a file or directory) ``detail``."""
-    from rlpost.train import checkpoint as train_ckpt
-
-    raise train_ckpt.CheckpointError(step, self.directory, f"{path} {detail}") from cause
+    raise CheckpointError(step, self.directory, f"{path} {detail}") from cause
 
   def _read_json(self, step: int, path: str) -> Any:
     """The JSON in ``path`` of checkpoint ``step``; unreadable or malformed: ``CheckpointError``."""
@@ -347,16 +341,14 @@ class CheckpointSource:
     without one, flipped bytes on disk would be averaged in unnoticed. Skipped entirely when the
     source was opened with ``verify=False``; leaves split over other processes are not checked.
     """
-    from rlpost.train import checkpoint as train_ckpt
-
     if not self.verify:
       return
     meta = self._meta(step)
-    manifest = meta.get(train_ckpt.INTEGRITY_KEY) if isinstance(meta, dict) else None
+    manifest = meta.get(INTEGRITY_KEY) if isinstance(meta, dict) else None
     if not isinstance(manifest, list) or not manifest:
       where = os.path.join(str(int(step)), META_ITEM, "metadata")
-      found = "no such file" if meta is None else f"no {train_ckpt.INTEGRITY_KEY!r} entry"
-      raise train_ckpt.CheckpointError(
+      found = "no such file" if meta is None else f"no {INTEGRITY_KEY!r} entry"
+      raise CheckpointError(
           step, self.directory, f"has no integrity manifest ({where}: {found}); it was not "
           f"written by rlpost's run loop or is damaged (verify=False, or --no-verify in "
           f"scripts/average.py, reads it unchecked)")
@@ -364,10 +356,10 @@ class CheckpointSource:
       if not k.isdigit() or int(k) >= len(manifest):
         continue
       want = manifest[int(k)].get("crc32")
-      host = train_ckpt.host_copy(v)
-      if want is not None and host is not None and train_ckpt.crc32_of(host) != want:
-        raise train_ckpt.CheckpointError(step, self.directory,
-                                         f"array {k} fails its checksum (corrupted on disk)")
+      host = host_copy(v)
+      if want is not None and host is not None and crc32_of(host) != want:
+        raise CheckpointError(step, self.directory,
+                              f"array {k} fails its checksum (corrupted on disk)")
 
   def _declared_param_leaves(self, step: int) -> int | None:
     """The meta item's "param_leaves" (written by rlpost's run loop), if present."""
@@ -419,32 +411,19 @@ def metrics_from_jsonl(path: str, key: str) -> dict[int, float]:
 def write_params(out_dir: str, params: Params, info: dict, *, overwrite: bool = False) -> str:
   """Atomically write ``params`` (flat leaves under ``out_dir/params``) and ``averaging.json``.
 
-  Everything is written into ``<out_dir>.tmp-<random>`` first and renamed into place at the end;
-  on any error the temporary directory is removed and ``out_dir`` is untouched.
+  Everything is written into ``<out_dir>.tmp-<random>`` first and renamed into place at the end
+  (``rlpost.checkpoint_format.write_tree``); on any error the temporary directory is removed and
+  ``out_dir`` is untouched.
   """
-  out_dir = os.path.abspath(out_dir)
   if os.path.exists(out_dir) and not overwrite:
-    raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
-  parent = os.path.dirname(out_dir)
-  os.makedirs(parent, exist_ok=True)
-  tmp = f"{out_dir}.tmp-{uuid.uuid4().hex[:8]}"
-  try:
-    leaves = {flat_key(i): x for i, x in enumerate(jax.tree.leaves(params))}
-    with ocp.StandardCheckpointer() as ckptr:
-      ckptr.save(os.path.join(tmp, "params"), leaves)
+    raise FileExistsError(f"{os.path.abspath(out_dir)} exists; pass overwrite=True (--overwrite) "
+                          f"to replace it")
+
+  def add_info(tmp: str) -> None:
     with open(os.path.join(tmp, "averaging.json"), "w") as f:
       json.dump(info, f, indent=2, sort_keys=True, default=_jsonable)
-    if os.path.exists(out_dir):
-      old = f"{out_dir}.old-{uuid.uuid4().hex[:8]}"
-      os.rename(out_dir, old)
-      os.rename(tmp, out_dir)
-      shutil.rmtree(old, ignore_errors=True)
-    else:
-      os.rename(tmp, out_dir)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
-  return out_dir
+
+  return write_tree(out_dir, params, item="params", overwrite=overwrite, add_files=add_info)
 
 
 def _jsonable(x):
@@ -461,11 +440,4 @@ def read_params(out_dir: str, like: Any = None) -> tuple[Params, dict]:
   """Read what ``write_params`` wrote: (params, info). Without ``like``: a dict by flat key."""
   with open(os.path.join(out_dir, "averaging.json")) as f:
     info = json.load(f)
-  with ocp.StandardCheckpointer() as ckptr:
-    path = os.path.join(os.path.abspath(out_dir), "params")
-    if like is None:
-      return ckptr.restore(path), info
-    leaves, treedef = jax.tree.flatten(like)
-    abstract = {flat_key(i): ocp.utils.to_shape_dtype_struct(x) for i, x in enumerate(leaves)}
-    out = ckptr.restore(path, abstract)
-  return jax.tree.unflatten(treedef, [out[flat_key(i)] for i in range(len(leaves))]), info
+  return read_tree(os.path.join(out_dir, "params"), like), info

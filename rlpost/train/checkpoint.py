@@ -8,58 +8,32 @@ temporary directory and renames it on completion, so a crash never leaves a chec
 Integrity: every save also records a manifest in the JSON item (each leaf's shape, dtype and
 CRC-32 of its bytes). ``restore`` checks the tree structure, shapes and dtypes against the run's
 template before reading, then the checksums and finiteness of what it read, and raises
-``CheckpointError`` naming the step and the leaf; a checkpoint without a manifest is refused. ``restore_latest`` walks back to the previous
-good checkpoint only when asked (``fallback=True``), moving each bad one aside (never deleting it).
+``CheckpointError`` naming the step and the leaf; a checkpoint without a manifest is refused.
+``restore_latest`` walks back to the previous good checkpoint only when asked
+(``fallback=True``), moving each bad one aside (never deleting it).
+
+The on-disk layout (item names, flat leaf keys, manifest, the parameter-tree writer and reader)
+is ``rlpost.checkpoint_format``'s; its public names are re-exported here.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import zlib
 from typing import Any, Callable
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from rlpost.checkpoint_format import (INTEGRITY_KEY, META_ITEM, STATE_ITEM, CheckpointError,
+                                     abstract_dict, crc32_of, flat_dict, flat_key, host_copy,
+                                     manifest, read_tree, write_tree)
+
+__all__ = ["INTEGRITY_KEY", "CheckpointError", "Checkpointer", "crc32_of", "host_copy",
+           "load_params", "manifest", "save_params", "tree_checksum"]
+
 _pp = ocp.checkpoint_managers.preservation_policy
-INTEGRITY_KEY = "integrity"
-
-
-class CheckpointError(RuntimeError):
-  """A checkpoint that cannot be used: corrupt, truncated, or not matching the run.
-
-  Attributes: ``step`` and ``directory`` of the offending checkpoint.
-  """
-
-  def __init__(self, step: int, directory: str, detail: str):
-    super().__init__(f"checkpoint at step {step} in {directory}: {detail}")
-    self.step = step
-    self.directory = directory
-
-
-def host_copy(x) -> np.ndarray | None:
-  """The full value of a leaf on this host, or None when it is split over other processes."""
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    if not x.sharding.is_fully_replicated:
-      return None
-    x = x.addressable_data(0)
-  return np.asarray(jax.device_get(x))
-
-
-def crc32_of(x: np.ndarray) -> int:
-  return zlib.crc32(np.ascontiguousarray(x).view(np.uint8).reshape(-1).data)
-
-
-def manifest(leaves: list) -> list[dict]:
-  """Per leaf: shape, dtype and CRC-32 of the bytes (None for leaves split over processes)."""
-  out = []
-  for x in leaves:
-    host = host_copy(x)
-    out.append({"shape": list(np.shape(x)), "dtype": str(np.dtype(x.dtype)),
-                "crc32": None if host is None else crc32_of(host)})
-  return out
 
 
 class Checkpointer:
@@ -102,9 +76,9 @@ class Checkpointer:
       metrics = None  # a step without the metric is kept by recency only
     flat = jax.tree.leaves(state)
     meta = dict(meta, **{INTEGRITY_KEY: manifest(flat)})
-    leaves = {f"{i:05d}": x for i, x in enumerate(flat)}
-    self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(leaves), meta=ocp.args.JsonSave(meta)), metrics=metrics)
+    self.manager.save(step, args=ocp.args.Composite(**{
+        STATE_ITEM: ocp.args.StandardSave(flat_dict(flat)),
+        META_ITEM: ocp.args.JsonSave(meta)}), metrics=metrics)
 
   def restore(self, step: int | None, like: Any, *, verify: bool = True) -> tuple[Any, dict]:
     """Restore ``(state, meta)`` at ``step`` (latest if None) with the structure of ``like``.
@@ -119,7 +93,8 @@ class Checkpointer:
       raise CheckpointError(step, self.directory, f"no such step (have {self.all_steps()})")
     leaves, treedef = jax.tree.flatten(like)
     try:
-      meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+      meta = self.manager.restore(step, args=ocp.args.Composite(
+          **{META_ITEM: ocp.args.JsonRestore()}))[META_ITEM]
     except Exception as e:  # noqa: BLE001 - any read failure means an unusable checkpoint
       raise CheckpointError(step, self.directory, f"unreadable metadata ({e!r})") from e
     if not isinstance(meta, dict):
@@ -131,11 +106,10 @@ class Checkpointer:
                               "(every checkpoint rlpost writes has one): damaged, or not "
                               "written by rlpost")
       self._check_template(step, expected, leaves)
-    abstract = {f"{i:05d}": ocp.utils.to_shape_dtype_struct(x) for i, x in enumerate(leaves)}
     try:
       out = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract)))
-      restored = [out["state"][f"{i:05d}"] for i in range(len(leaves))]
+          **{STATE_ITEM: ocp.args.StandardRestore(abstract_dict(leaves))}))
+      restored = [out[STATE_ITEM][flat_key(i)] for i in range(len(leaves))]
     except Exception as e:  # noqa: BLE001
       raise CheckpointError(step, self.directory, f"cannot read the state ({e!r})") from e
     if verify:
@@ -149,19 +123,21 @@ class Checkpointer:
     for i, (e, x) in enumerate(zip(expected, leaves)):
       shape, dtype = list(np.shape(x)), str(np.dtype(x.dtype))
       if e["shape"] != shape or e["dtype"] != dtype:
-        raise CheckpointError(step, self.directory, f"array {i:05d} is {e['dtype']}{e['shape']} "
-                              f"but this run expects {dtype}{shape}")
+        raise CheckpointError(step, self.directory, f"array {flat_key(i)} is "
+                              f"{e['dtype']}{e['shape']} but this run expects {dtype}{shape}")
 
   def _check_values(self, step: int, expected: list | None, restored: list) -> None:
     for i, x in enumerate(restored):
       host = host_copy(x)
       if host is None:
         continue
-      if expected is not None and expected[i]["crc32"] is not None and crc32_of(host) != expected[i]["crc32"]:
-        raise CheckpointError(step, self.directory, f"array {i:05d} fails its checksum "
+      want = None if expected is None else expected[i]["crc32"]
+      if want is not None and crc32_of(host) != want:
+        raise CheckpointError(step, self.directory, f"array {flat_key(i)} fails its checksum "
                               f"(corrupted on disk)")
       if np.issubdtype(host.dtype, np.inexact) and not np.all(np.isfinite(host)):
-        raise CheckpointError(step, self.directory, f"array {i:05d} holds non-finite values")
+        raise CheckpointError(step, self.directory,
+                              f"array {flat_key(i)} holds non-finite values")
 
   def restore_latest(self, like: Any, *, fallback: bool = False,
                      log: Callable[[str], None] = print) -> tuple[int | None, Any, dict]:
@@ -209,19 +185,14 @@ class Checkpointer:
 
 
 def save_params(directory: str, params: Any) -> None:
-  """Synchronously save a parameter pytree (e.g. the cached SFT policy) to ``directory``."""
-  leaves = {f"{i:05d}": x for i, x in enumerate(jax.tree.leaves(params))}
-  with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(os.path.abspath(directory), leaves, force=True)
+  """Synchronously and atomically save a parameter pytree (e.g. the cached SFT policy) to
+  ``directory`` as a flat item (``rlpost.checkpoint_format``), replacing what is there."""
+  write_tree(directory, params, overwrite=True)
 
 
 def load_params(directory: str, like: Any) -> Any:
   """Load a parameter pytree saved by ``save_params`` with the structure of ``like``."""
-  leaves, treedef = jax.tree.flatten(like)
-  abstract = {f"{i:05d}": ocp.utils.to_shape_dtype_struct(x) for i, x in enumerate(leaves)}
-  with ocp.StandardCheckpointer() as ckptr:
-    out = ckptr.restore(os.path.abspath(directory), abstract)
-  return jax.tree.unflatten(treedef, [out[f"{i:05d}"] for i in range(len(leaves))])
+  return read_tree(directory, like)
 
 
 def tree_checksum(tree: Any) -> float:

@@ -129,7 +129,6 @@ def child_main(spec: dict) -> dict:
   import orbax.checkpoint  # noqa: F401
 
   from rlpost import averaging as A
-  from rlpost.train import checkpoint  # noqa: F401  (CheckpointSource verifies checksums with it)
 
   jax.devices()  # backend start-up belongs to the baseline
   out = {"rss_baseline_mb": _rss_mb(), "vm_hwm_baseline_mb": _vm_hwm_mb()}
