@@ -14,7 +14,7 @@ Ragged groups (MC-GRPO's G+1, DARS's extra rollouts, filtered groups) are expres
 ``valid`` mask, never by reshaping: a padded member has ``valid = False`` and must not affect any
 statistic. Changing the mask never changes a shape, so nothing recompiles.
 
-Dtypes: float32 rewards and log-probs, int32 ids and tokens, bool masks.
+Dtypes: float32 rewards, log-probs and entropies, int32 ids and tokens, bool masks.
 """
 
 from __future__ import annotations
@@ -35,9 +35,14 @@ __all__ = [
     "assert_finite",
     "group_layout",
     "LOGP_FIELDS",
+    "TOKEN_FIELDS",
 ]
 
+# The per-token log-prob fields of RolloutBatch.
 LOGP_FIELDS = ("behaviour_logp", "current_logp", "ref_logp")
+# Every optional per-token float32 field, in the order ``check_finite`` reports them
+# (``FiniteCheck.FIELDS = ("rewards",) + TOKEN_FIELDS``); new fields are appended.
+TOKEN_FIELDS = LOGP_FIELDS + ("entropy",)
 
 
 @struct.dataclass
@@ -58,6 +63,10 @@ class RolloutBatch:
     ref_logp: [B, T] float32 or None, log-probs under the frozen reference policy (needed for
       KL terms and ACE's confidence shift).
     correct: [B] bool or None, the grader's verdict where rewards are graded.
+    entropy: [B, T] float32 or None, per-token entropy H_t = -sum_v p_v log p_v of the
+      sampling-time policy (the parameters that produced the batch) over the completion tokens,
+      a constant for the loss. The trainer fills it when the recipe's advantage chain requires
+      "entropy"; it is not the loss's differentiable ``entropy`` argument.
   """
 
   group_id: jax.Array
@@ -69,6 +78,7 @@ class RolloutBatch:
   current_logp: Optional[jax.Array] = None
   ref_logp: Optional[jax.Array] = None
   correct: Optional[jax.Array] = None
+  entropy: Optional[jax.Array] = None
 
   @property
   def batch_size(self) -> int:
@@ -133,6 +143,7 @@ def check_shapes(batch: RolloutBatch) -> None:
       "current_logp": ((b, t), "float"),
       "ref_logp": ((b, t), "float"),
       "correct": ((b,), "bool"),
+      "entropy": ((b, t), "float"),
   }
   for name, (shape, kind) in specs.items():
     x = getattr(batch, name)
@@ -168,14 +179,15 @@ class FiniteCheck(NamedTuple):
   first_bad_index: jax.Array
   field: jax.Array
 
-  FIELDS = ("rewards",) + LOGP_FIELDS
+  FIELDS = ("rewards",) + TOKEN_FIELDS
 
 
 def check_finite(batch: RolloutBatch) -> FiniteCheck:
-  """Finds non-finite rewards or log-probs without raising (usable under ``jit``).
+  """Finds non-finite rewards, log-probs or entropies without raising (usable under ``jit``).
 
-  Checks ``rewards`` of valid rollouts and every present log-prob field on valid tokens
-  (``valid[b] & token_mask[b, t]``); padding may hold anything.
+  Checks ``rewards`` of valid rollouts and every present per-token field (``TOKEN_FIELDS``:
+  the log-probs and ``entropy``) on valid tokens (``valid[b] & token_mask[b, t]``); padding
+  may hold anything.
 
   Returns:
     FiniteCheck(ok, first_bad_index, field); turn it into an exception on the host with
@@ -185,7 +197,7 @@ def check_finite(batch: RolloutBatch) -> FiniteCheck:
   valid = batch.valid
   per_field = [valid & ~jnp.isfinite(batch.rewards)]
   tok_valid = batch.token_mask & valid[:, None]
-  for name in LOGP_FIELDS:
+  for name in TOKEN_FIELDS:
     x = getattr(batch, name)
     if x is None:
       per_field.append(jnp.zeros_like(valid))
@@ -209,7 +221,8 @@ def raise_if_nonfinite(check: FiniteCheck) -> None:
 
 
 def assert_finite(batch: RolloutBatch) -> None:
-  """Eager check: raises ValueError naming the first rollout with a NaN/inf reward or log-prob.
+  """Eager check: raises ValueError naming the first rollout with a NaN/inf reward, log-prob or
+  entropy.
 
   Under ``jit`` use :func:`check_finite` and call :func:`raise_if_nonfinite` on its result.
   """

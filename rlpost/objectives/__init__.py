@@ -4,17 +4,20 @@ Shape legend: P prompts, G_max padded group size, B = P * G_max rollouts (rollou
 group ``group_id[b]``, ``b // G_max`` in the canonical layout), T tokens. float32 rewards,
 log-probs and advantages; int32 ids; bool masks.
 
-Modules:
-  base         Advantages, AdvantageTransform, chain, compute_advantages, LossParts, finalize.
+Modules (each imports only those above it; ``parts`` imports none):
+  parts        LossParts, safe_divide, finalize, combine, finalize_metrics.
   groups       masked segment statistics (mean, std, median, first-of-group).
-  advantages   reward shaping, baselines, scalings, pivot exclusion, ACE, clipping, sign flips.
   ratios       token / sequence (GSPO) / sequence-token / prefix (PNPO) ratios, TIS weights.
-  losses       PPO clip (+ dual clip), KL k1/k2/k3, entropy, aggregation, policy_loss.
+  losses       PPO clip (+ dual clip), KL k1/k2/k3, entropy, aggregation, loss terms, policy_loss.
+  base         Advantages, AdvantageTransform, chain, compute_advantages, Recipe, make_recipe,
+               RecipeContext (re-exports the ``parts`` names).
+  advantages   reward shaping, baselines, scalings, pivot exclusion, ACE, clipping, sign flips.
   diagnostics  sign-flip rates, zero-variance groups, clip fractions, ESS, ACE errors, DARS buckets.
   recipes      GRPO, Dr.GRPO, DAPO, GSPO, PNPO, RLOO, MC-GRPO, ACE, DARS; get_recipe.
 """
 
 from rlpost.types import (
+    TOKEN_FIELDS,
     FiniteCheck,
     RolloutBatch,
     assert_finite,
@@ -23,21 +26,19 @@ from rlpost.types import (
     group_layout,
     raise_if_nonfinite,
 )
-from rlpost.objectives import advantages, diagnostics, groups, losses, ratios, recipes
+from rlpost.objectives import advantages, diagnostics, groups, losses, parts, ratios, recipes
+from rlpost.objectives.parts import LossParts, combine, finalize, finalize_metrics, safe_divide
 from rlpost.objectives.base import (
+    OPTIONAL_INPUTS,
     AdvantageTransform,
     Advantages,
     ChainState,
     EmptyState,
-    LossParts,
+    RecipeContext,
     chain,
-    combine,
     compute_advantages,
-    finalize,
-    finalize_metrics,
     identity,
     init_advantages,
-    safe_divide,
     stateless,
 )
 from rlpost.objectives.advantages import (
@@ -70,16 +71,26 @@ from rlpost.objectives.ratios import (
 from rlpost.objectives.losses import (
     AGGREGATIONS,
     ClipIndicators,
+    LossInputs,
     PolicyLossConfig,
+    Term,
     aggregate,
     clip_indicators,
+    entropy_term,
     kl_estimate,
     kl_k1,
     kl_k2,
     kl_k3,
+    kl_term,
+    loss_inputs,
+    policy_gradient_term,
     policy_loss,
+    policy_terms,
     ppo_clip_token_loss,
+    sum_terms,
     token_entropy,
+    token_means,
+    truncated_importance_term,
 )
 from rlpost.objectives.diagnostics import (
     advantage_by_difficulty,
@@ -91,6 +102,7 @@ from rlpost.objectives.diagnostics import (
 )
 from rlpost.objectives.recipes import (
     Recipe,
+    default_overlong_buffer,
     get_recipe,
     list_recipes,
     make_recipe,
@@ -106,6 +118,7 @@ __all__ = [
     "raise_if_nonfinite",
     "assert_finite",
     "group_layout",
+    "TOKEN_FIELDS",
     # algebra
     "Advantages",
     "AdvantageTransform",
@@ -158,6 +171,16 @@ __all__ = [
     "AGGREGATIONS",
     "PolicyLossConfig",
     "policy_loss",
+    "LossInputs",
+    "loss_inputs",
+    "Term",
+    "policy_gradient_term",
+    "truncated_importance_term",
+    "kl_term",
+    "entropy_term",
+    "policy_terms",
+    "token_means",
+    "sum_terms",
     # diagnostics
     "sign_flip_rates",
     "zero_variance_fraction",
@@ -167,8 +190,11 @@ __all__ = [
     "advantage_by_difficulty",
     # recipes
     "Recipe",
+    "RecipeContext",
+    "OPTIONAL_INPUTS",
     "make_recipe",
     "register_recipe",
+    "default_overlong_buffer",
     "get_recipe",
     "list_recipes",
     # submodules
@@ -176,6 +202,7 @@ __all__ = [
     "diagnostics",
     "groups",
     "losses",
+    "parts",
     "ratios",
     "recipes",
 ]

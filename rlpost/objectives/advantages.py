@@ -3,9 +3,12 @@
 Shape legend: P prompts, G_max padded group size, B = P * G_max rollouts, T tokens. Every transform
 reads group membership from ``batch.group_id`` / ``batch.valid`` (``rlpost.types.RolloutBatch``)
 and works on ``Advantages(values [B] float32, weights [B] float32)``; see ``base.py`` for the
-protocol. All factories take explicit keyword hyperparameters and return an
-``AdvantageTransform``; ``group_baseline`` and ``group_scale`` dispatch on a string for
-config-driven use.
+protocol. Values may become token-level [B, T] (a fork's transform); reward shaping, baselines,
+scalings and the median pivot need per-rollout values [B] (they raise a ValueError otherwise), so
+token-level transforms come after them, while ``exclude_min_abs_reward``, the ACE penalty,
+``clip_advantages`` and ``flip_signs`` accept either shape (one decision per rollout). All
+factories take explicit keyword hyperparameters and return an ``AdvantageTransform``;
+``group_baseline`` and ``group_scale`` dispatch on a string for config-driven use.
 
 Conventions (documented once, tested):
   * All-equal groups (including groups of size 1) get advantage exactly 0 from every baseline,
@@ -52,6 +55,21 @@ __all__ = [
 
 def _replace_values(adv: Advantages, values: jax.Array) -> Advantages:
   return Advantages(values=values.astype(jnp.float32), weights=adv.weights)
+
+
+def _rows(what: str, adv: Advantages) -> jax.Array:
+  """``adv.values`` if they are per rollout [B]; a ValueError naming ``what`` otherwise."""
+  if adv.values.ndim != 1:
+    raise ValueError(
+        f"{what} needs per-rollout advantage values [B], got shape {adv.values.shape}; place "
+        "token-level transforms after the group statistics"
+    )
+  return adv.values
+
+
+def _per_row(x: jax.Array, like: jax.Array) -> jax.Array:
+  """A per-rollout array [B] shaped to broadcast against ``like`` ([B] or [B, T])."""
+  return x if like.ndim == 1 else x[:, None]
 
 
 # Reward shaping ----------------------------------------------------------------------------------
@@ -106,7 +124,8 @@ def overlong_shaping(
         buffer_length=buffer_length,
         penalty_factor=penalty_factor,
     )
-    return _replace_values(adv, adv.values + jnp.where(batch.valid, pen, 0.0))
+    v = _rows("overlong_shaping", adv)
+    return _replace_values(adv, v + jnp.where(batch.valid, pen, 0.0))
 
   return stateless(fn)
 
@@ -121,8 +140,9 @@ def center_by_group_mean() -> AdvantageTransform:
   """
 
   def fn(adv, batch, key):
-    mean = groups.group_mean(adv.values, batch.group_id, batch.valid)
-    return _replace_values(adv, adv.values - mean)
+    v = _rows("center_by_group_mean", adv)
+    mean = groups.group_mean(v, batch.group_id, batch.valid)
+    return _replace_values(adv, v - mean)
 
   return stateless(fn)
 
@@ -136,8 +156,9 @@ def center_by_group_median(*, even: str = "lower") -> AdvantageTransform:
   """
 
   def fn(adv, batch, key):
-    med = groups.group_median(adv.values, batch.group_id, batch.valid, even=even)
-    return _replace_values(adv, adv.values - med)
+    v = _rows("center_by_group_median", adv)
+    med = groups.group_median(v, batch.group_id, batch.valid, even=even)
+    return _replace_values(adv, v - med)
 
   return stateless(fn)
 
@@ -150,7 +171,7 @@ def center_by_leave_one_out() -> AdvantageTransform:
   """
 
   def fn(adv, batch, key):
-    v, gid, valid = adv.values, batch.group_id, batch.valid
+    v, gid, valid = _rows("center_by_leave_one_out", adv), batch.group_id, batch.valid
     s = groups.group_sum(v, gid, valid)
     n = groups.group_count(gid, valid)
     loo = (s - v) / jnp.maximum(n - 1.0, 1.0)
@@ -197,8 +218,9 @@ def scale_by_group_std(*, ddof: int = 1, eps: float = 1e-6) -> AdvantageTransfor
   """
 
   def fn(adv, batch, key):
-    std, defined = groups.group_std(adv.values, batch.group_id, batch.valid, ddof=ddof)
-    return _replace_values(adv, jnp.where(defined, adv.values / (std + eps), adv.values))
+    v = _rows("scale_by_group_std", adv)
+    std, defined = groups.group_std(v, batch.group_id, batch.valid, ddof=ddof)
+    return _replace_values(adv, jnp.where(defined, v / (std + eps), v))
 
   return stateless(fn)
 
@@ -215,7 +237,7 @@ def scale_by_group_mad(*, eps: float = 1e-3, even: str = "lower") -> AdvantageTr
   """
 
   def fn(adv, batch, key):
-    v, gid, valid = adv.values, batch.group_id, batch.valid
+    v, gid, valid = _rows("scale_by_group_mad", adv), batch.group_id, batch.valid
     med = groups.group_median(v, gid, valid, even=even)
     mad = groups.group_median(jnp.abs(v - med), gid, valid, even=even)
     return _replace_values(adv, v / (mad + eps))
@@ -239,14 +261,15 @@ def scale_by_batch_std(
     raise ValueError(f"source must be 'advantages' or 'rewards', got {source!r}")
 
   def fn(adv, batch, key):
-    x = adv.values if source == "advantages" else batch.rewards.astype(jnp.float32)
+    v = _rows("scale_by_batch_std", adv)
+    x = v if source == "advantages" else batch.rewards.astype(jnp.float32)
     valid = batch.valid
     n = jnp.sum(valid, dtype=jnp.float32)
     mean = jnp.sum(jnp.where(valid, x, 0.0)) / jnp.maximum(n, 1.0)
     ss = jnp.sum(jnp.where(valid, jnp.square(x - mean), 0.0))
     defined = n > ddof
     std = jnp.sqrt(ss / jnp.where(defined, n - ddof, 1.0))
-    return _replace_values(adv, jnp.where(defined, adv.values / (std + eps), adv.values))
+    return _replace_values(adv, jnp.where(defined, v / (std + eps), v))
 
   return stateless(fn)
 
@@ -295,7 +318,7 @@ def exclude_median_pivot(*, odd_only: bool = True) -> AdvantageTransform:
   """
 
   def fn(adv, batch, key):
-    v, gid, valid = adv.values, batch.group_id, batch.valid
+    v, gid, valid = _rows("exclude_median_pivot", adv), batch.group_id, batch.valid
     med = groups.group_median(v, gid, valid, even="lower")
     pivot = groups.group_first(v == med, gid, valid)
     if odd_only:
@@ -317,7 +340,8 @@ def exclude_min_abs_reward() -> AdvantageTransform:
     m = groups.group_min(a, batch.group_id, batch.valid)
     drop = groups.group_first(a == m, batch.group_id, batch.valid)
     return Advantages(
-        values=jnp.where(drop, 0.0, adv.values), weights=jnp.where(drop, 0.0, adv.weights)
+        values=jnp.where(_per_row(drop, adv.values), 0.0, adv.values),
+        weights=jnp.where(drop, 0.0, adv.weights),
     )
 
   return stateless(fn)
@@ -358,20 +382,23 @@ def ace_modulate(
       multiplicative: A_i * (1 + alpha * f(c_i))   if A_i < 0, else A_i
       additive:       A_i - alpha * f(c_i)          if A_i < 0, else A_i
   with f = softplus (the paper's choice) or relu (its ablation). ``shift`` is treated as a
-  constant (stop-gradient).
+  constant (stop-gradient). Token-level advantages A_{i,t} are modulated token by token with
+  their rollout's c_i.
 
   Args:
-    advantages: [B] float32.
+    advantages: [B] or [B, T] float32.
     shift: [B] float32 confidence shifts c_i (see :func:`confidence_shift`).
     alpha: strength; the paper publishes no default (sweep it).
     mode: "multiplicative" or "additive".
     fn: "softplus" or "relu".
 
   Returns:
-    [B] float32 advantages.
+    float32 advantages of the shape of ``advantages``.
   """
-  chex.assert_rank([advantages, shift], 1)
-  chex.assert_equal_shape([advantages, shift])
+  chex.assert_rank(advantages, {1, 2})
+  chex.assert_rank(shift, 1)
+  chex.assert_axis_dimension(shift, 0, advantages.shape[0])
+  shift = _per_row(shift, advantages)
   if fn == "softplus":
     f = jax.nn.softplus(jax.lax.stop_gradient(shift))
   elif fn == "relu":
@@ -416,7 +443,7 @@ def ace_confidence_penalty(
     mask = batch.token_mask & batch.valid[:, None]
     c = confidence_shift(logp, batch.ref_logp, mask)
     a = ace_modulate(adv.values, c, alpha=alpha, mode=mode, fn=fn)
-    return _replace_values(adv, jnp.where(batch.valid, a, 0.0))
+    return _replace_values(adv, jnp.where(_per_row(batch.valid, a), a, 0.0))
 
   return stateless(f)
 
@@ -437,7 +464,8 @@ def clip_advantages(*, low: float, high: float) -> AdvantageTransform:
 
 
 def flip_signs(*, prob: float) -> AdvantageTransform:
-  """Ablation: flips the sign of each advantage independently with probability ``prob``.
+  """Ablation: flips the sign of each rollout's advantage independently with probability
+  ``prob`` (all tokens of a rollout together when values are [B, T]).
 
   Needs a PRNG key (pass ``key=`` to ``compute_advantages``); MC-GRPO's ``signflip_percent``.
 
@@ -450,7 +478,7 @@ def flip_signs(*, prob: float) -> AdvantageTransform:
   def fn(adv, batch, key):
     if key is None:
       raise ValueError("flip_signs needs a PRNG key: compute_advantages(..., key=key)")
-    flip = jax.random.bernoulli(key, prob, adv.values.shape)
+    flip = _per_row(jax.random.bernoulli(key, prob, adv.values.shape[:1]), adv.values)
     return _replace_values(adv, jnp.where(flip, -adv.values, adv.values))
 
   return stateless(fn)

@@ -7,30 +7,34 @@ An advantage transform is a pair of pure functions, the way ``optax.GradientTran
     init() -> state
     update(adv: Advantages, state, batch: RolloutBatch, key: PRNGKey | None) -> (Advantages, state)
 
-``Advantages`` carries the per-rollout values [B] (starting from the rewards) and the per-rollout
-loss weights [B] (starting from the validity mask). Group statistics always use ``batch.valid``
-(group membership), never the loss weights, so a member excluded from the loss (MC-GRPO's pivot)
-still counts in its group's baseline, as in the official code. State, when a transform has any,
-is a NamedTuple that travels in the training carry; stateless transforms use ``EmptyState``.
+``Advantages`` carries the advantage values (starting from the rewards, [B]) and the per-rollout
+loss weights [B] (starting from the validity mask). Values are per rollout [B] or, once a
+token-level transform has run, per token [B, T]; weights stay [B]. Group statistics always use
+``batch.valid`` (group membership), never the loss weights, so a member excluded from the loss
+(MC-GRPO's pivot) still counts in its group's baseline, as in the official code. State, when a
+transform has any, is a NamedTuple that travels in the training carry; stateless transforms use
+``EmptyState``.
 
-A ``Recipe`` names an advantage chain together with a ``PolicyLossConfig`` and the bound loss
-function; losses return ``LossParts(sum, denominator)`` pairs (see ``losses.py``).
+A ``Recipe`` names an advantage chain together with a ``PolicyLossConfig`` and an (unbound) loss
+function, ``policy_loss`` unless the recipe brings its own; losses return
+``LossParts(sum, denominator)`` pairs (``parts.py``, re-exported here).
+
+Module layering (no import circle): ``parts`` <- ``ratios`` <- ``losses`` <- ``base`` <-
+``advantages`` <- ``recipes``; ``groups`` and ``rlpost.types`` sit at the bottom beside ``parts``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
-import chex
 import jax
 import jax.numpy as jnp
 
+from rlpost.objectives.losses import PolicyLossConfig, policy_loss
+from rlpost.objectives.parts import LossParts, combine, finalize, finalize_metrics, safe_divide
 from rlpost.types import RolloutBatch, check_shapes
-
-if TYPE_CHECKING:
-  from rlpost.objectives.losses import PolicyLossConfig
 
 __all__ = [
     "Advantages",
@@ -42,7 +46,9 @@ __all__ = [
     "chain",
     "init_advantages",
     "compute_advantages",
+    "OPTIONAL_INPUTS",
     "Recipe",
+    "RecipeContext",
     "make_recipe",
     "LossParts",
     "safe_divide",
@@ -53,10 +59,11 @@ __all__ = [
 
 
 class Advantages(NamedTuple):
-  """Per-rollout advantages and loss weights.
+  """Advantages and per-rollout loss weights.
 
   Attributes:
-    values: [B] float32 advantages (rewards before any transform).
+    values: [B] float32 per-rollout advantages (rewards before any transform), or [B, T]
+      float32 per-token advantages after a token-level transform.
     weights: [B] float32 loss weights (``valid`` as 0/1 before any transform); a rollout with
       weight 0 contributes neither to a loss sum nor to its denominator.
   """
@@ -147,50 +154,104 @@ def compute_advantages(
 
   Args:
     transform: an AdvantageTransform (typically a ``chain``).
-    batch: RolloutBatch with B rows.
+    batch: RolloutBatch with B rows and T tokens.
     state: the transform's state; None means ``transform.init()``.
     key: PRNG key for transforms that sample (e.g. ``flip_signs``), or None.
 
   Returns:
-    (Advantages(values [B] float32, weights [B] float32), new state). Invalid rows always
-    come back with value 0 and weight 0. The values are constants for the loss (the loss
-    applies ``stop_gradient``).
+    (Advantages(values [B] or [B, T] float32, weights [B] float32), new state). Invalid rows
+    always come back with value 0 and weight 0, and [B, T] values are 0 on masked tokens
+    (``token_mask`` False). The values are constants for the loss (the loss applies
+    ``stop_gradient``). Raises ValueError if the chain returns other shapes.
   """
   adv = init_advantages(batch)
   if state is None:
     state = transform.init()
   adv, state = transform.update(adv, state, batch, key)
-  chex.assert_shape([adv.values, adv.weights], (batch.batch_size,))
+  b, t = batch.batch_size, batch.seq_len
+  shapes = (tuple(jnp.shape(adv.values)), tuple(jnp.shape(adv.weights)))
+  if shapes[0] not in ((b,), (b, t)) or shapes[1] != (b,):
+    raise ValueError(
+        f"the advantage chain returned values of shape {shapes[0]} and weights of shape "
+        f"{shapes[1]}; expected values (B,) = {(b,)} or (B, T) = {(b, t)} and weights "
+        f"(B,) = {(b,)}"
+    )
   valid = batch.valid
+  keep = valid if shapes[0] == (b,) else batch.token_mask & valid[:, None]
   adv = Advantages(
-      values=jnp.where(valid, adv.values, 0.0).astype(jnp.float32),
+      values=jnp.where(keep, adv.values, 0.0).astype(jnp.float32),
       weights=jnp.where(valid, adv.weights, 0.0).astype(jnp.float32),
   )
   return adv, state
 
 
-class Recipe(NamedTuple):
-  """A named objective: advantage chain + loss config + bound loss function.
+# Recipes -----------------------------------------------------------------------------------------
+
+# The inputs a recipe may need beyond tokens, masks, rewards and the sampler's log-probs:
+# RolloutBatch fields, the loss's ``entropy`` argument / ``batch.entropy``, and a PRNG key.
+OPTIONAL_INPUTS = ("behaviour_logp", "current_logp", "entropy", "key", "ref_logp")
+
+
+def _check_inputs(what: str, names: Iterable[str]) -> tuple:
+  names = tuple(names)
+  unknown = sorted(set(names) - set(OPTIONAL_INPUTS))
+  if unknown:
+    raise ValueError(f"{what}: unknown input(s) {unknown}; expected some of {OPTIONAL_INPUTS}")
+  return names
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeContext:
+  """Facts of a run that recipe factories may need; ``get_recipe`` passes each non-None fact
+  to the factory's keyword argument of the same name unless the caller overrides it.
+
+  Attributes:
+    max_length: L_max, the maximum completion length in tokens (the sampler's
+      ``max_new_tokens``), or None.
+    group_size: G, rollouts sampled per prompt, or None.
+  """
+
+  max_length: Optional[int] = None
+  group_size: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """A named objective: advantage chain + loss config + loss function.
 
   Attributes:
     name: registry name.
     advantage: AdvantageTransform run by ``compute_advantages``.
-    loss_config: PolicyLossConfig.
-    loss_fn: ``policy_loss`` with ``config=loss_config`` bound.
-    advantage_requires: optional RolloutBatch fields (or "key") the advantage chain needs.
+    loss_config: PolicyLossConfig (a fork may subclass it to add fields).
+    loss: the unbound loss function, ``loss(logp [B, T], batch, advantages [B] or [B, T],
+      sample_weight [B], *, config, entropy=None) -> (LossParts, metrics)``; ``policy_loss``
+      by default.
+    advantage_requires: optional inputs the advantage chain reads (names in
+      ``OPTIONAL_INPUTS``; "entropy" means ``batch.entropy``).
+    loss_requires: optional inputs ``loss`` reads beyond those ``loss_config`` implies
+      ("entropy" means the loss's ``entropy`` argument).
   """
 
   name: str
   advantage: AdvantageTransform
   loss_config: PolicyLossConfig
-  loss_fn: Callable
+  loss: Callable = policy_loss
   advantage_requires: tuple = ()
+  loss_requires: tuple = ()
+
+  @functools.cached_property
+  def loss_fn(self) -> Callable:
+    """``loss`` with ``config=loss_config`` bound: ``loss_fn(logp, batch, advantages,
+    sample_weight, *, entropy=None) -> (LossParts, metrics)`` (the same object on every
+    access)."""
+    return functools.partial(self.loss, config=self.loss_config)
 
   @property
-  def requires(self) -> tuple:
-    """Inputs beyond tokens, masks, rewards and old log-probs, among "ref_logp", "entropy",
-    "current_logp", "behaviour_logp" and "key"."""
-    req = set(self.advantage_requires)
+  def loss_inputs(self) -> tuple:
+    """Optional inputs of the loss function: ``loss_requires`` plus what ``loss_config``
+    implies ("ref_logp" for a KL term, "entropy" for an entropy bonus, "current_logp" and
+    "behaviour_logp" for TIS), sorted."""
+    req = set(self.loss_requires)
     cfg = self.loss_config
     if cfg.needs_ref_logp:
       req.add("ref_logp")
@@ -200,14 +261,34 @@ class Recipe(NamedTuple):
       req.update(("current_logp", "behaviour_logp"))
     return tuple(sorted(req))
 
+  @property
+  def requires(self) -> tuple:
+    """Inputs beyond tokens, masks, rewards and old log-probs, among "ref_logp", "entropy",
+    "current_logp", "behaviour_logp" and "key": ``advantage_requires`` and ``loss_inputs``,
+    sorted."""
+    return tuple(sorted(set(self.advantage_requires) | set(self.loss_inputs)))
+
+  def check_provided(self, provided: Iterable[str]) -> None:
+    """Raises ValueError naming the recipe and every input of ``requires`` not in
+    ``provided`` (e.g. {"ref_logp", "current_logp", "behaviour_logp", "entropy", "key"})."""
+    provided = set(provided)
+    missing = [r for r in self.requires if r not in provided]
+    if missing:
+      raise ValueError(
+          f"recipe {self.name!r} needs {', '.join(missing)}, which this run does not provide "
+          f"(provided: {', '.join(sorted(provided)) or 'none'})"
+      )
+
+  def replace(self, **changes) -> "Recipe":
+    """The recipe with fields replaced (``dataclasses.replace``)."""
+    return dataclasses.replace(self, **changes)
+
+  _replace = replace  # NamedTuple-style spelling
+
   def with_loss(self, **changes) -> "Recipe":
-    """The same recipe with ``PolicyLossConfig`` fields replaced (validated)."""
-    return make_recipe(
-        self.name,
-        self.advantage,
-        dataclasses.replace(self.loss_config, **changes),
-        advantage_requires=self.advantage_requires,
-    )
+    """The same recipe (its own loss function included) with ``loss_config`` fields replaced
+    (validated by the config)."""
+    return self.replace(loss_config=dataclasses.replace(self.loss_config, **changes))
 
 
 def make_recipe(
@@ -215,61 +296,29 @@ def make_recipe(
     advantage: AdvantageTransform,
     loss_config: PolicyLossConfig,
     *,
+    loss: Callable = policy_loss,
     advantage_requires: Sequence[str] = (),
+    loss_requires: Sequence[str] = (),
 ) -> Recipe:
-  """Builds a Recipe, binding ``policy_loss`` to ``loss_config``.
+  """Builds a Recipe; ``recipe.loss_fn`` is ``loss`` with ``config=loss_config`` bound.
 
   Args:
     name: registry name.
     advantage: the advantage chain.
     loss_config: a ``PolicyLossConfig``.
-    advantage_requires: optional batch fields the chain reads (e.g. ("ref_logp",) for ACE).
+    loss: the loss function (signature in :class:`Recipe`); ``policy_loss`` by default. A fork
+      composes its own from the terms in ``losses`` (see that module's docstring).
+    advantage_requires: optional inputs the chain reads (e.g. ("ref_logp",) for ACE,
+      ("entropy",) for a chain reading ``batch.entropy``); names in ``OPTIONAL_INPUTS``.
+    loss_requires: optional inputs ``loss`` reads beyond those ``loss_config`` implies.
   """
-  from rlpost.objectives.losses import policy_loss  # losses imports this module
-
+  if not callable(loss):
+    raise TypeError(f"make_recipe({name!r}): loss must be callable, got {type(loss).__name__}")
   return Recipe(
       name=name,
       advantage=advantage,
       loss_config=loss_config,
-      loss_fn=functools.partial(policy_loss, config=loss_config),
-      advantage_requires=tuple(advantage_requires),
+      loss=loss,
+      advantage_requires=_check_inputs(f"recipe {name!r} advantage_requires", advantage_requires),
+      loss_requires=_check_inputs(f"recipe {name!r} loss_requires", loss_requires),
   )
-
-
-class LossParts(NamedTuple):
-  """A loss or metric as a (sum, denominator) pair of float32 scalars.
-
-  Parts from micro-batches, accumulation steps or data-parallel shards combine exactly by
-  adding sums and denominators: ``loss = sum(sums) / sum(denominators)``. Denominators never
-  depend on the parameters, so the gradient combines the same way.
-  """
-
-  sum: jax.Array
-  denominator: jax.Array
-
-
-def safe_divide(num: jax.Array, den: jax.Array) -> jax.Array:
-  """num / den, or 0 where den == 0, with finite gradients everywhere."""
-  ok = den != 0
-  return jnp.where(ok, num / jnp.where(ok, den, 1.0), 0.0)
-
-
-def finalize(parts: LossParts) -> jax.Array:
-  """The scalar value of a (sum, denominator) pair: sum / denominator (0 if denominator is 0)."""
-  return safe_divide(parts.sum, parts.denominator)
-
-
-def combine(parts: Sequence[LossParts]) -> LossParts:
-  """Adds pairs from disjoint row sets (micro-batches, shards): (sum of sums, sum of denoms)."""
-  parts = list(parts)
-  if not parts:
-    raise ValueError("combine needs at least one LossParts")
-  total, den = parts[0]
-  for p in parts[1:]:
-    total, den = total + p.sum, den + p.denominator
-  return LossParts(sum=total, denominator=den)
-
-
-def finalize_metrics(metrics: dict) -> dict:
-  """Maps every LossParts value of a metrics dict to its scalar; other values pass through."""
-  return {k: finalize(v) if isinstance(v, LossParts) else v for k, v in metrics.items()}

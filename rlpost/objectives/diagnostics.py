@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from rlpost.objectives import groups
-from rlpost.objectives.base import safe_divide
+from rlpost.objectives.parts import safe_divide
 from rlpost.objectives.losses import clip_indicators
 
 __all__ = [

@@ -1,8 +1,10 @@
-"""Policy-loss pieces: PPO clipping, KL estimators, entropy, aggregation, and ``policy_loss``.
+"""Policy-loss pieces: PPO clipping, KL estimators, entropy, aggregation, loss terms and
+``policy_loss``.
 
 Shape legend: B rollouts, T tokens, V vocabulary. ``logp`` [B, T] float32 are the current
-policy's differentiable log-probs of the batch's tokens; advantages [B] float32 and sample
-weights [B] float32 are constants (``stop_gradient``). Losses are to be minimised.
+policy's differentiable log-probs of the batch's tokens; advantages [B] (or [B, T] token-level)
+float32 and sample weights [B] float32 are constants (``stop_gradient``). Losses are to be
+minimised.
 
 Aggregation (``aggregate``) returns a ``LossParts(sum, denominator)`` pair whose denominator does
 not depend on the parameters. Combine pairs from micro-batches, accumulation steps or
@@ -22,18 +24,51 @@ full-batch loss whatever the split or the padding.
 
 with m the token mask, n_b = sum_t m_bt, w_b the sample weight (0 for padded members and
 excluded pivots, so they enter neither sum nor denominator) and L_max a constant length.
+
+Loss terms
+----------
+``policy_loss`` is a sum of per-token terms, aggregated once:
+
+    x     = loss_inputs(logp, batch, advantages, sample_weight, entropy=entropy)  # masked inputs
+    terms = policy_terms(x, batch, config=config)   # pg (x TIS weights), KL, entropy
+    loss, metrics = sum_terms(terms, x, aggregation=..., max_length=...)
+
+A :class:`Term` is ``(values [B, T] float32, metrics {name: [B, T]}, report)``: ``values`` are
+added to the per-token loss, each metric is reported as its token mean, and ``report`` (if set)
+names a metric holding the term's own aggregated loss (``"pg_loss"``). The standard terms are
+:func:`policy_gradient_term`, :func:`truncated_importance_term` (multiplies the policy-gradient
+term), :func:`kl_term` and :func:`entropy_term`. A fork adds a term by writing it as a function
+and a loss function that appends it to the standard ones::
+
+    def length_term(token_mask, *, coef):
+      '''coef per valid token (a length cost): [B, T] bool -> Term(values [B, T] float32).'''
+      cost = coef * token_mask.astype(jnp.float32)
+      return Term(values=cost, metrics={"length_cost": cost})
+
+    def my_loss(logp, batch, advantages, sample_weight, *, config, entropy=None, coef=1e-3):
+      x = loss_inputs(logp, batch, advantages, sample_weight, entropy=entropy)
+      terms = policy_terms(x, batch, config=config) + (length_term(x.token_mask, coef=coef),)
+      return sum_terms(terms, x, aggregation=config.aggregation, max_length=config.max_length)
+
+    recipe = make_recipe("grpo_len", advantage_chain, PolicyLossConfig(), loss=my_loss)
+
+``recipe.loss_fn`` is then ``my_loss`` with ``config`` bound, and ``get_recipe`` overrides of
+``PolicyLossConfig`` fields keep ``my_loss``. Term hyperparameters that are not
+``PolicyLossConfig`` fields are keyword arguments of the loss function (bind them with
+``functools.partial`` before ``make_recipe``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 import chex
 import jax
 import jax.numpy as jnp
+from flax import struct
 
-from rlpost.objectives.base import LossParts, safe_divide
+from rlpost.objectives.parts import LossParts, safe_divide
 from rlpost.objectives.ratios import log_ratio, truncated_importance_weights
 from rlpost.types import RolloutBatch, check_shapes
 
@@ -49,6 +84,16 @@ __all__ = [
     "aggregate",
     "AGGREGATIONS",
     "PolicyLossConfig",
+    "LossInputs",
+    "loss_inputs",
+    "Term",
+    "policy_gradient_term",
+    "truncated_importance_term",
+    "kl_term",
+    "entropy_term",
+    "policy_terms",
+    "token_means",
+    "sum_terms",
     "policy_loss",
 ]
 
@@ -287,40 +332,52 @@ class PolicyLossConfig:
     return self.entropy_coef != 0.0
 
 
-def policy_loss(
+# Loss terms --------------------------------------------------------------------------------------
+
+
+class LossInputs(NamedTuple):
+  """The inputs of the loss terms, masked once (see :func:`loss_inputs`).
+
+  Padding may hold anything (even NaN) in the batch; here it is 0, so neither a value nor a
+  gradient can see it.
+
+  Attributes:
+    logp: [B, T] float32 current log-probs (differentiable), 0 off ``token_mask``.
+    old_logp: [B, T] float32 log-probs of PPO's pi_old (``batch.old_logp``), 0 off the mask.
+    advantages: [B] or [B, T] float32, stop-gradient; 0 on invalid rows (and, when [B, T], on
+      masked tokens).
+    sample_weight: [B] float32, stop-gradient; 0 on invalid rows.
+    token_mask: [B, T] bool, ``batch.token_mask & batch.valid[:, None]``.
+    entropy: [B, T] float32 per-token entropies (differentiable), 0 off the mask, or None.
+  """
+
+  logp: jax.Array
+  old_logp: jax.Array
+  advantages: jax.Array
+  sample_weight: jax.Array
+  token_mask: jax.Array
+  entropy: Optional[jax.Array] = None
+
+
+def loss_inputs(
     logp: jax.Array,
     batch: RolloutBatch,
     advantages: jax.Array,
     sample_weight: jax.Array,
     *,
-    config: PolicyLossConfig,
     entropy: Optional[jax.Array] = None,
-) -> tuple[LossParts, dict]:
-  """The GRPO-family policy loss, as a (sum, denominator) pair plus metrics.
-
-      l_{i,t} = w^TIS_{i,t} ppo_clip(rho_{i,t}, A_i) + kl_coef KL_{i,t} - entropy_coef H_{i,t}
-      loss    = aggregate(l, mode=config.aggregation)
-
-  with rho at ``config.ratio`` level against ``batch.old_logp`` (``current_logp``, else
-  ``behaviour_logp``), KL against ``batch.ref_logp``, TIS weights exp(current - behaviour)
-  truncated at ``config.tis_cap``. Advantages, old/ref log-probs and TIS weights are
-  stop-gradient; only ``logp`` (and ``entropy``) carry gradients.
+) -> LossInputs:
+  """Checks the shapes of a loss's arguments and masks them (see :class:`LossInputs`).
 
   Args:
-    logp: [B, T] float32, the current policy's log-probs of ``batch.tokens`` (differentiable).
-    batch: RolloutBatch of B rollouts (any row subset of the logical batch).
-    advantages: [B] float32 (or [B, T] token-level), e.g. ``compute_advantages(...)[0].values``.
-    sample_weight: [B] float32, e.g. ``compute_advantages(...)[0].weights``; multiplied by
-      ``batch.valid``.
-    config: PolicyLossConfig.
-    entropy: [B, T] float32 per-token entropies (``token_entropy(logits)``); required when
-      ``config.entropy_coef != 0``.
+    logp: [B, T] float32, the current policy's log-probs of ``batch.tokens``.
+    batch: RolloutBatch of B rollouts, T tokens.
+    advantages: [B] or [B, T] float32.
+    sample_weight: [B] float32.
+    entropy: [B, T] float32 or None.
 
   Returns:
-    (LossParts(sum, denominator), metrics): metrics maps names to LossParts (combine them like
-    the loss, read them with ``finalize``/``finalize_metrics``): "pg_loss" (same aggregation as
-    the loss), and token means "kl", "entropy", "ratio", "clip_frac_low", "clip_frac_high",
-    "dual_clip_frac", "tis_weight" where applicable.
+    LossInputs. Raises ValueError naming an argument of the wrong shape.
   """
   check_shapes(batch)
   b, t = batch.batch_size, batch.seq_len
@@ -342,60 +399,291 @@ def policy_loss(
     adv = jnp.where(tm, adv, 0.0)
   else:
     adv = jnp.where(batch.valid, adv, 0.0)
-
-  # Padding may hold anything (even NaN): zero it before any arithmetic so that neither the
-  # value nor the gradient can see it.
-  logp = jnp.where(tm, logp, 0.0)
-  old_logp = jnp.where(tm, batch.old_logp, 0.0)
-
-  max_lr = config.max_log_ratio
-  if max_lr is None:
-    max_lr = 10.0 if config.ratio in ("sequence", "sequence_token") else 20.0
-  lr = log_ratio(config.ratio, logp, old_logp, tm, max_log_ratio=max_lr)
-  pg = ppo_clip_token_loss(
-      lr, adv, eps_low=config.eps_low, eps_high=config.eps_high, dual_clip=config.dual_clip
+  return LossInputs(
+      logp=jnp.where(tm, logp, 0.0),
+      old_logp=jnp.where(tm, batch.old_logp, 0.0),
+      advantages=adv,
+      sample_weight=w,
+      token_mask=tm,
+      entropy=None if entropy is None else jnp.where(tm, entropy, 0.0),
   )
-  metrics = {}
 
-  def token_mean(x):
-    return aggregate(x.astype(jnp.float32), tm, w, mode="token_mean")
 
+@struct.dataclass
+class Term:
+  """One per-token term of a loss (a pytree; ``report`` is static).
+
+  Attributes:
+    values: [B, T] float32, added to the per-token loss l_{b,t} (0 off the mask or masked later
+      by the aggregation).
+    metrics: dict name -> [B, T] array (float or bool, carrying no gradient), each reported as
+      its token mean over valid tokens (a LossParts pair).
+    report: None, or a metric name under which ``sum_terms`` reports this term's own
+      aggregated loss (same aggregation as the loss), e.g. "pg_loss".
+  """
+
+  values: jax.Array
+  metrics: dict
+  report: Optional[str] = struct.field(pytree_node=False, default=None)
+
+
+def policy_gradient_term(
+    logp: jax.Array,
+    old_logp: jax.Array,
+    advantages: jax.Array,
+    token_mask: jax.Array,
+    *,
+    ratio: str = "token",
+    eps_low: float,
+    eps_high: float,
+    dual_clip: Optional[float] = None,
+    max_log_ratio: Optional[float] = None,
+) -> Term:
+  """The clipped policy-gradient term (PPO; clip-higher, DAPO; dual clip, Ye et al. 2020).
+
+      l_t = ppo_clip(rho_t, A)   with   log rho_t = log_ratio(ratio, logp, old_logp)
+
+  Args:
+    logp: [B, T] float32 current log-probs (differentiable).
+    old_logp: [B, T] float32 pi_old log-probs (stop-gradient).
+    advantages: [B] or [B, T] float32 (stop-gradient).
+    token_mask: [B, T] bool valid tokens (padding is zeroed before any arithmetic).
+    ratio: "token", "sequence" (GSPO), "sequence_token" (GSPO-token) or "prefix" (PNPO).
+    eps_low, eps_high, dual_clip: see :func:`ppo_clip_token_loss`.
+    max_log_ratio: clamp of log ratios; None takes 10 for sequence ratios, 20 otherwise.
+
+  Returns:
+    Term(values [B, T] token losses, metrics "ratio", "clip_frac_low", "clip_frac_high" and,
+    with a dual clip, "dual_clip_frac", report "pg_loss").
+  """
+  logp = jnp.where(token_mask, logp, 0.0)
+  old_logp = jnp.where(token_mask, old_logp, 0.0)
+  if max_log_ratio is None:
+    max_log_ratio = 10.0 if ratio in ("sequence", "sequence_token") else 20.0
+  lr = log_ratio(ratio, logp, old_logp, token_mask, max_log_ratio=max_log_ratio)
+  pg = ppo_clip_token_loss(
+      lr, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip
+  )
+  clips = clip_indicators(
+      lr, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip
+  )
+  metrics = {
+      "ratio": jax.lax.stop_gradient(jnp.exp(lr)),
+      "clip_frac_low": clips.low,
+      "clip_frac_high": clips.high,
+  }
+  if dual_clip is not None:
+    metrics["dual_clip_frac"] = clips.dual
+  return Term(values=pg, metrics=metrics, report="pg_loss")
+
+
+def truncated_importance_term(
+    term: Term,
+    current_logp: jax.Array,
+    behaviour_logp: jax.Array,
+    token_mask: jax.Array,
+    *,
+    cap: float,
+    level: str = "token",
+) -> Term:
+  """Multiplies ``term`` by truncated importance weights (TIS, sampler/trainer mismatch).
+
+      l_t <- w_t l_t,   w = truncated_importance_weights(current, behaviour, cap, level)
+
+  Args:
+    term: the Term to weight (the policy-gradient term).
+    current_logp: [B, T] float32 trainer log-probs (``batch.current_logp``).
+    behaviour_logp: [B, T] float32 sampler log-probs (``batch.behaviour_logp``).
+    token_mask: [B, T] bool.
+    cap: truncation C > 0.
+    level: "token" or "sequence".
+
+  Returns:
+    ``term`` with values [B, T] multiplied by w (stop-gradient) and the metric "tis_weight".
+  """
+  tis = truncated_importance_weights(current_logp, behaviour_logp, token_mask, cap=cap, level=level)
+  return term.replace(values=term.values * tis, metrics={**term.metrics, "tis_weight": tis})
+
+
+def kl_term(
+    logp: jax.Array, ref_logp: jax.Array, token_mask: jax.Array, *, coef: float, estimator: str
+) -> Term:
+  """KL-to-reference penalty: l_t = coef * KL_t with KL_t = kl_estimate(logp, ref_logp).
+
+  Args:
+    logp: [B, T] float32 current log-probs (differentiable), 0 off the mask.
+    ref_logp: [B, T] float32 reference log-probs (stop-gradient; padding zeroed here).
+    token_mask: [B, T] bool.
+    coef: the KL coefficient (GRPO 0.04).
+    estimator: "k1", "k2" or "k3".
+
+  Returns:
+    Term(values [B, T] = coef * KL, metrics "kl": the unscaled KL estimate).
+  """
+  kl = kl_estimate(logp, jnp.where(token_mask, ref_logp, 0.0), estimator=estimator)
+  return Term(values=coef * kl, metrics={"kl": jax.lax.stop_gradient(kl)})
+
+
+def entropy_term(entropy: jax.Array, token_mask: jax.Array, *, coef: float) -> Term:
+  """Entropy bonus: l_t = -coef * H_t (coef 0 reports the entropy and adds nothing).
+
+  Args:
+    entropy: [B, T] float32 per-token entropies (differentiable; ``token_entropy(logits)``).
+    token_mask: [B, T] bool (padding is zeroed).
+    coef: the entropy coefficient (DARS 0.001).
+
+  Returns:
+    Term(values [B, T] = -coef * H (zeros when coef is 0), metrics "entropy": H).
+  """
+  h = jnp.where(token_mask, entropy, 0.0)
+  values = jnp.zeros_like(h) if coef == 0.0 else -(coef * h)
+  return Term(values=values, metrics={"entropy": jax.lax.stop_gradient(h)})
+
+
+def policy_terms(x: LossInputs, batch: RolloutBatch, *, config: PolicyLossConfig) -> tuple:
+  """The terms of :func:`policy_loss`, in order: policy gradient (times TIS weights when
+  ``config.tis_cap`` is set), KL (when ``config.kl_coef != 0``), entropy (when ``x.entropy`` is
+  given; it adds to the loss only when ``config.entropy_coef != 0``).
+
+  Args:
+    x: LossInputs from :func:`loss_inputs`.
+    batch: the RolloutBatch (``ref_logp``, ``current_logp``, ``behaviour_logp`` where needed).
+    config: PolicyLossConfig.
+
+  Returns:
+    A tuple of Terms.
+  """
+  pg = policy_gradient_term(
+      x.logp,
+      x.old_logp,
+      x.advantages,
+      x.token_mask,
+      ratio=config.ratio,
+      eps_low=config.eps_low,
+      eps_high=config.eps_high,
+      dual_clip=config.dual_clip,
+      max_log_ratio=config.max_log_ratio,
+  )
   if config.tis_cap is not None:
     batch.require("current_logp", "behaviour_logp")
-    tis = truncated_importance_weights(
+    pg = truncated_importance_term(
+        pg,
         batch.current_logp,
         batch.behaviour_logp,
-        tm,
+        x.token_mask,
         cap=config.tis_cap,
         level=config.tis_level,
     )
-    pg = pg * tis
-    metrics["tis_weight"] = token_mean(tis)
-  total = pg
-  metrics["pg_loss"] = aggregate(pg, tm, w, mode=config.aggregation, max_length=config.max_length)
+  terms = [pg]
   if config.kl_coef != 0.0:
     batch.require("ref_logp")
-    kl = kl_estimate(logp, jnp.where(tm, batch.ref_logp, 0.0), estimator=config.kl_estimator)
-    total = total + config.kl_coef * kl
-    metrics["kl"] = token_mean(jax.lax.stop_gradient(kl))
-  if config.entropy_coef != 0.0 and entropy is None:
+    terms.append(
+        kl_term(
+            x.logp, batch.ref_logp, x.token_mask, coef=config.kl_coef, estimator=config.kl_estimator
+        )
+    )
+  if config.entropy_coef != 0.0 and x.entropy is None:
     raise ValueError(
         f"entropy_coef = {config.entropy_coef} needs per-token entropy [B, T]: "
         "pass entropy=token_entropy(logits)"
     )
-  if entropy is not None:
-    entropy = jnp.where(tm, entropy, 0.0)
-    if config.entropy_coef != 0.0:
-      total = total - config.entropy_coef * entropy
-    metrics["entropy"] = token_mean(jax.lax.stop_gradient(entropy))
+  if x.entropy is not None:
+    terms.append(entropy_term(x.entropy, x.token_mask, coef=config.entropy_coef))
+  return tuple(terms)
 
-  clips = clip_indicators(
-      lr, adv, eps_low=config.eps_low, eps_high=config.eps_high, dual_clip=config.dual_clip
-  )
-  metrics["ratio"] = token_mean(jax.lax.stop_gradient(jnp.exp(lr)))
-  metrics["clip_frac_low"] = token_mean(clips.low)
-  metrics["clip_frac_high"] = token_mean(clips.high)
-  if config.dual_clip is not None:
-    metrics["dual_clip_frac"] = token_mean(clips.dual)
-  loss = aggregate(total, tm, w, mode=config.aggregation, max_length=config.max_length)
+
+def token_means(metrics: dict, token_mask: jax.Array, sample_weight: jax.Array) -> dict:
+  """Each [B, T] metric as its weighted token mean, a LossParts pair ("token_mean").
+
+  Args:
+    metrics: dict name -> [B, T] float or bool array.
+    token_mask: [B, T] bool.
+    sample_weight: [B] float32.
+
+  Returns:
+    dict name -> LossParts(sum [], denominator []).
+  """
+  return {
+      k: aggregate(v.astype(jnp.float32), token_mask, sample_weight, mode="token_mean")
+      for k, v in metrics.items()
+  }
+
+
+def sum_terms(
+    terms: Sequence[Term],
+    x: LossInputs,
+    *,
+    aggregation: str,
+    max_length: Optional[int] = None,
+) -> tuple[LossParts, dict]:
+  """Sums the terms per token and aggregates once.
+
+      l_{b,t} = sum_k terms[k].values_{b,t},   loss = aggregate(l, mode=aggregation)
+
+  Args:
+    terms: Terms with [B, T] values.
+    x: LossInputs (token mask and sample weights).
+    aggregation: "token_mean", "seq_mean_token_mean" or "seq_sum_const_len".
+    max_length: L_max for "seq_sum_const_len".
+
+  Returns:
+    (LossParts(sum, denominator), metrics): every term's metrics as token means, and each
+    term's ``report`` name mapped to its own aggregated loss; all values are LossParts.
+  """
+  terms = list(terms)
+  if not terms:
+    raise ValueError("sum_terms needs at least one Term")
+  tm, w = x.token_mask, x.sample_weight
+  metrics = {}
+  total = None
+  for term in terms:
+    chex.assert_equal_shape([term.values, tm])
+    total = term.values if total is None else total + term.values
+    if term.report is not None:
+      metrics[term.report] = aggregate(
+          term.values, tm, w, mode=aggregation, max_length=max_length
+      )
+    metrics.update(token_means(term.metrics, tm, w))
+  loss = aggregate(total, tm, w, mode=aggregation, max_length=max_length)
   return loss, metrics
+
+
+def policy_loss(
+    logp: jax.Array,
+    batch: RolloutBatch,
+    advantages: jax.Array,
+    sample_weight: jax.Array,
+    *,
+    config: PolicyLossConfig,
+    entropy: Optional[jax.Array] = None,
+) -> tuple[LossParts, dict]:
+  """The GRPO-family policy loss, as a (sum, denominator) pair plus metrics.
+
+      l_{i,t} = w^TIS_{i,t} ppo_clip(rho_{i,t}, A_i) + kl_coef KL_{i,t} - entropy_coef H_{i,t}
+      loss    = aggregate(l, mode=config.aggregation)
+
+  with rho at ``config.ratio`` level against ``batch.old_logp`` (``current_logp``, else
+  ``behaviour_logp``), KL against ``batch.ref_logp``, TIS weights exp(current - behaviour)
+  truncated at ``config.tis_cap``. Advantages, old/ref log-probs and TIS weights are
+  stop-gradient; only ``logp`` (and ``entropy``) carry gradients. Composed as
+  ``sum_terms(policy_terms(loss_inputs(...), batch, config=config), ...)`` (module docstring).
+
+  Args:
+    logp: [B, T] float32, the current policy's log-probs of ``batch.tokens`` (differentiable).
+    batch: RolloutBatch of B rollouts (any row subset of the logical batch).
+    advantages: [B] float32 (or [B, T] token-level), e.g. ``compute_advantages(...)[0].values``.
+    sample_weight: [B] float32, e.g. ``compute_advantages(...)[0].weights``; multiplied by
+      ``batch.valid``.
+    config: PolicyLossConfig.
+    entropy: [B, T] float32 per-token entropies (``token_entropy(logits)``); required when
+      ``config.entropy_coef != 0``.
+
+  Returns:
+    (LossParts(sum, denominator), metrics): metrics maps names to LossParts (combine them like
+    the loss, read them with ``finalize``/``finalize_metrics``): "pg_loss" (same aggregation as
+    the loss), and token means "kl", "entropy", "ratio", "clip_frac_low", "clip_frac_high",
+    "dual_clip_frac", "tis_weight" where applicable.
+  """
+  x = loss_inputs(logp, batch, advantages, sample_weight, entropy=entropy)
+  terms = policy_terms(x, batch, config=config)
+  return sum_terms(terms, x, aggregation=config.aggregation, max_length=config.max_length)

@@ -7,22 +7,30 @@ A :class:`Recipe` bundles
 * ``advantage``: an ``AdvantageTransform`` (a ``chain``); run it with
   ``adv, state = compute_advantages(recipe.advantage, batch, key=key)``;
 * ``loss_config``: a frozen :class:`PolicyLossConfig` of explicit hyperparameters;
-* ``loss_fn(logp [B, T], batch, advantages [B], sample_weight [B], *, entropy=None)
-  -> (LossParts(sum, denominator), metrics)``, i.e. ``policy_loss`` bound to the config;
-* ``requires``: the optional inputs it needs (``ref_logp``, ``entropy``, ...).
+* ``loss``: the unbound loss function (``policy_loss`` unless the recipe brings its own, see
+  ``losses.py``), and ``loss_fn(logp [B, T], batch, advantages [B] or [B, T],
+  sample_weight [B], *, entropy=None) -> (LossParts(sum, denominator), metrics)``, i.e. ``loss``
+  bound to the config;
+* ``requires``: the optional inputs it needs (``ref_logp``, ``entropy``, ...);
+  ``recipe.check_provided(fields)`` raises a ValueError naming those a run does not provide.
 
 The trainer is the same for every recipe::
 
-    recipe = get_recipe("dapo", max_length=1024, overlong_buffer=256)
+    recipe = get_recipe("dapo", RecipeContext(max_length=1024))
+    recipe.check_provided({"ref_logp", "current_logp", "behaviour_logp", "entropy", "key"})
     adv, _ = compute_advantages(recipe.advantage, batch)
     parts, metrics = recipe.loss_fn(logp, batch, adv.values, adv.weights)
     loss = finalize(parts)   # or combine parts over micro-batches first
 
-``get_recipe(name, **overrides)`` accepts the recipe factory's own keyword arguments and any
-``PolicyLossConfig`` field (e.g. ``kl_coef=0.0``, ``eps_high=0.3``); unknown names raise a
-ValueError listing what is accepted. A new objective is one file with a factory returning a
-``Recipe`` (``make_recipe``), one test, and one entry in the registration list at the bottom of
-this file.
+``get_recipe(name, context=None, **overrides)`` accepts the recipe factory's own keyword
+arguments and any ``PolicyLossConfig`` field (e.g. ``kl_coef=0.0``, ``eps_high=0.3``); unknown
+names raise a ValueError listing what is accepted. A ``RecipeContext`` carries facts of the run
+(``max_length``, ``group_size``): each non-None fact fills the factory's keyword argument of the
+same name unless an override sets it; factories without that argument ignore it. Overrides of
+``PolicyLossConfig`` fields keep the recipe's own loss function.
+
+A new objective is one file with a factory returning a ``Recipe`` (``make_recipe``) and a
+``register_recipe`` call, plus one test (README "Extending rlpost").
 """
 
 from __future__ import annotations
@@ -32,11 +40,12 @@ import inspect
 from typing import Callable, NamedTuple, Optional
 
 from rlpost.objectives import advantages as A
-from rlpost.objectives.base import AdvantageTransform, Recipe, chain, make_recipe
+from rlpost.objectives.base import AdvantageTransform, Recipe, RecipeContext, chain, make_recipe
 from rlpost.objectives.losses import PolicyLossConfig
 
 __all__ = [
     "Recipe",
+    "RecipeContext",
     "make_recipe",
     "grpo",
     "dr_grpo",
@@ -51,6 +60,7 @@ __all__ = [
     "register_recipe",
     "get_recipe",
     "list_recipes",
+    "default_overlong_buffer",
 ]
 
 
@@ -75,6 +85,15 @@ def _need_max_length(recipe: str, max_length: Optional[int]) -> int:
         f"recipe {recipe!r} needs max_length=<L_max, the maximum completion length in tokens>"
     )
   return int(max_length)
+
+
+def default_overlong_buffer(max_length: int) -> int:
+  """L_c = max(1, L_max // 5): the DAPO paper's ratio (a 4096-token buffer for L_max 20480)."""
+  return max(1, int(max_length) // 5)
+
+
+def _overlong_buffer(max_length: int, overlong_buffer: Optional[int]) -> int:
+  return default_overlong_buffer(max_length) if overlong_buffer is None else overlong_buffer
 
 
 # Base recipes ------------------------------------------------------------------------------------
@@ -175,7 +194,7 @@ def _dapo_parts(*, max_length, overlong_buffer, overlong_penalty_factor, std_eps
 def dapo(
     *,
     max_length: Optional[int] = None,
-    overlong_buffer: int = 4096,
+    overlong_buffer: Optional[int] = None,
     overlong_penalty_factor: float = 1.0,
     std_eps: float = 1e-6,
 ) -> Recipe:
@@ -183,7 +202,8 @@ def dapo(
 
   Clip-higher (eps_low 0.2, eps_high 0.28), token-mean over the batch, soft overlong
   punishment in tokens (L_max = ``max_length``, required; L_c = ``overlong_buffer``, 4096 in
-  the paper with L_max 20480), GRPO advantages, no KL.
+  the paper with L_max 20480; None takes the paper's ratio, max(1, L_max // 5)), GRPO
+  advantages, no KL.
 
   Official code: BytedTsinghua-SIA/DAPO (verl ``recipe/dapo``); the verl "vanilla" loss it
   uses applies the dual clip c = 3, kept here. Dynamic sampling (keeping groups with
@@ -192,7 +212,7 @@ def dapo(
   ml = _need_max_length("dapo", max_length)
   return _dapo_parts(
       max_length=ml,
-      overlong_buffer=overlong_buffer,
+      overlong_buffer=_overlong_buffer(ml, overlong_buffer),
       overlong_penalty_factor=overlong_penalty_factor,
       std_eps=std_eps,
   ).build("dapo")
@@ -282,9 +302,10 @@ def _base_parts(base: str, *, max_length, overlong_buffer, recipe: str) -> _Part
   if base == "dr_grpo":
     return _dr_grpo_parts(max_length=_need_max_length(f"{recipe}(base='dr_grpo')", max_length))
   if base == "dapo":
+    ml = _need_max_length(f"{recipe}(base='dapo')", max_length)
     return _dapo_parts(
-        max_length=_need_max_length(f"{recipe}(base='dapo')", max_length),
-        overlong_buffer=overlong_buffer,
+        max_length=ml,
+        overlong_buffer=_overlong_buffer(ml, overlong_buffer),
         overlong_penalty_factor=1.0,
         std_eps=1e-6,
     )
@@ -299,7 +320,7 @@ def mc_grpo(
     baseline: str = "median",
     odd_only: bool = True,
     max_length: Optional[int] = None,
-    overlong_buffer: int = 4096,
+    overlong_buffer: Optional[int] = None,
     signflip_prob: float = 0.0,
 ) -> Recipe:
   """MC-GRPO ("Median-Centered Group Relative Policy Optimization") over GRPO, DAPO or Dr.GRPO.
@@ -320,7 +341,8 @@ def mc_grpo(
     baseline: "median" (the method) or "mean": the official GSM trainer's ``mc=False``
       ablation, mean over all G+1 and the rollout with the smallest |r| dropped.
     odd_only: remove a pivot only from odd groups (groups shrunk by masking keep all members).
-    max_length, overlong_buffer: for the DAPO and Dr.GRPO bases.
+    max_length, overlong_buffer: for the DAPO and Dr.GRPO bases (``overlong_buffer`` None:
+      max(1, max_length // 5), as :func:`dapo`).
     signflip_prob: injected sign flips after the pivot exclusion (see ``grpo``).
   """
   parts = _base_parts(
@@ -356,7 +378,7 @@ def ace(
     fn: str = "softplus",
     logp_source: str = "old",
     max_length: Optional[int] = None,
-    overlong_buffer: int = 4096,
+    overlong_buffer: Optional[int] = None,
 ) -> Recipe:
   """ACE ("Asymmetric Confidence-aware Error Penalty") over GRPO or DAPO.
 
@@ -374,7 +396,8 @@ def ace(
     raise ValueError(f"ace: unknown base {base!r}; expected 'grpo' or 'dapo'")
   parts = _base_parts(base, max_length=max_length, overlong_buffer=overlong_buffer, recipe="ace")
   mod = A.ace_confidence_penalty(alpha=alpha, mode=mode, fn=fn, logp_source=logp_source)
-  return parts._replace(post=parts.post + (mod,), requires=("ref_logp",)).build("ace")
+  needs = ("ref_logp", "current_logp") if logp_source == "current" else ("ref_logp",)
+  return parts._replace(post=parts.post + (mod,), requires=needs).build("ace")
 
 
 def dars(*, max_length: Optional[int] = None) -> Recipe:
@@ -413,7 +436,11 @@ _LOSS_FIELDS = tuple(f.name for f in dataclasses.fields(PolicyLossConfig))
 
 
 def register_recipe(name: str, factory: Callable[..., Recipe]) -> None:
-  """Adds ``factory`` (keyword-only hyperparameters, returns a Recipe) under ``name``."""
+  """Adds ``factory`` (keyword-only hyperparameters, returns a Recipe) under ``name``.
+
+  A factory argument named like a ``RecipeContext`` field (``max_length``, ``group_size``)
+  receives that run fact from ``get_recipe(name, context)`` unless the caller overrides it.
+  """
   if name in _REGISTRY:
     raise ValueError(f"recipe {name!r} is already registered")
   _REGISTRY[name] = factory
@@ -424,13 +451,30 @@ def list_recipes() -> tuple:
   return tuple(sorted(_REGISTRY))
 
 
-def get_recipe(name: str, **overrides) -> Recipe:
-  """The recipe ``name`` with ``overrides``.
+def _context_args(factory: Callable[..., Recipe], context: Optional[RecipeContext]) -> dict:
+  """The non-None facts of ``context`` that ``factory`` takes as keyword arguments."""
+  if context is None:
+    return {}
+  if not isinstance(context, RecipeContext):
+    raise TypeError(f"context must be a RecipeContext or None, got {type(context).__name__}")
+  params = inspect.signature(factory).parameters
+  facts = {f.name: getattr(context, f.name) for f in dataclasses.fields(RecipeContext)}
+  return {k: v for k, v in facts.items() if v is not None and k in params}
+
+
+def get_recipe(name: str, context: Optional[RecipeContext] = None, **overrides) -> Recipe:
+  """The recipe ``name`` built for ``context`` with ``overrides``.
 
   Each override is either a keyword argument of the recipe's factory (e.g. ``max_length``,
   ``alpha``, ``base``) or a ``PolicyLossConfig`` field (e.g. ``kl_coef``, ``eps_high``,
-  ``aggregation``), applied after the factory. Raises ValueError naming an unknown recipe or
-  unknown override keys, with the accepted names.
+  ``aggregation``), applied after the factory and keeping the recipe's own loss function.
+  Each non-None fact of ``context`` (``RecipeContext(max_length=..., group_size=...)``) fills
+  the factory's keyword argument of the same name when no override sets it; a factory without
+  such an argument ignores it. So ``get_recipe("dapo", RecipeContext(max_length=L))`` is
+  ``dapo(max_length=L)`` (overlong buffer max(1, L // 5)), and an explicit ``max_length=``
+  override wins over the context.
+
+  Raises ValueError naming an unknown recipe or unknown override keys, with the accepted names.
   """
   if name not in _REGISTRY:
     raise ValueError(f"unknown recipe {name!r}; registered recipes: {', '.join(list_recipes())}")
@@ -442,11 +486,13 @@ def get_recipe(name: str, **overrides) -> Recipe:
         f"unknown override(s) {unknown} for recipe {name!r}; recipe arguments: "
         f"{sorted(params)}; loss fields: {sorted(_LOSS_FIELDS)}"
     )
-  recipe = factory(**{k: v for k, v in overrides.items() if k in params})
+  args = _context_args(factory, context)
+  args.update({k: v for k, v in overrides.items() if k in params})
+  recipe = factory(**args)
   loss_changes = {k: v for k, v in overrides.items() if k not in params}
   if loss_changes:
     recipe = recipe.with_loss(**loss_changes)
-  return recipe._replace(name=name)
+  return recipe.replace(name=name)
 
 
 for _name, _factory in (

@@ -1,5 +1,5 @@
-"""Recipes: defaults, the registry's errors, every recipe end to end under jit, and the
-"new objective = one file + one test + one registry entry" mechanism."""
+"""Recipes: defaults, the registry's errors and every recipe end to end under jit (a new
+objective's file and test are README examples, run by tests/test_readme_examples.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import rlpost.objectives as O
-from rlpost.objectives import groups, recipes
+from rlpost.objectives import recipes
 from objectives_testutil import make_batch
 
 TOY = {"max_length": 6, "overlong_buffer": 2}
@@ -141,46 +141,6 @@ def test_every_recipe_trains_one_step_under_jit(name, overrides):
   assert "pg_loss" in metrics and "clip_frac_high" in metrics
   if name == "mc_grpo" and overrides.get("baseline", "median") == "median":
     np.testing.assert_array_equal(np.asarray(adv.weights).reshape(3, 3).sum(1), [2, 2, 2])
-
-
-# The README's worked example: a new objective as one factory, one test, one registry entry.
-
-
-def center_by_group_midrange():
-  """A_i = r_i - (max + min) / 2 over the valid members of the group."""
-
-  def fn(adv, batch, key):
-    hi = groups.group_max(adv.values, batch.group_id, batch.valid)
-    lo = groups.group_min(adv.values, batch.group_id, batch.valid)
-    return adv._replace(values=adv.values - 0.5 * (hi + lo))
-
-  return O.stateless(fn)
-
-
-def midrange_grpo(*, std_eps: float = 1e-6):
-  """Midrange-baseline GRPO (example). Paper: none. Official code: none."""
-  return O.make_recipe(
-      "midrange_grpo",
-      O.chain(center_by_group_midrange(), O.scale_by_group_std(eps=std_eps)),
-      O.PolicyLossConfig(eps_low=0.2, eps_high=0.2, aggregation="token_mean"),
-  )
-
-
-@pytest.fixture
-def registered_example():
-  O.register_recipe("midrange_grpo", midrange_grpo)
-  yield
-  recipes._REGISTRY.pop("midrange_grpo")
-
-
-def test_adding_a_recipe_needs_no_trainer_change(registered_example):
-  r = O.get_recipe("midrange_grpo", kl_coef=0.0)
-  b = make_batch([[0, 1, 3]], 3)
-  adv, _ = O.compute_advantages(r.advantage, b)
-  s = np.std([-1.5, -0.5, 1.5], ddof=1) + 1e-6
-  np.testing.assert_allclose(adv.values, np.array([-1.5, -0.5, 1.5]) / s, rtol=1e-6)
-  with pytest.raises(ValueError, match="already registered"):
-    O.register_recipe("midrange_grpo", midrange_grpo)
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
