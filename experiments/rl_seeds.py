@@ -60,8 +60,7 @@ def stack_states(trainer: rl.Trainer, seeds: list[int]) -> rl.RLState:
 def vmapped_step(trainer: rl.Trainer, states: rl.RLState):
   """The trainer's step over stacked seeds, jitted so the output keeps the input shardings (one
   compilation for the whole run, as ``Trainer.step``)."""
-  shardings = jax.tree.map(lambda x: x.sharding, states)
-  return jax.jit(jax.vmap(trainer._step), out_shardings=(shardings, None))
+  return trainer.vmapped_step(states)
 
 
 def unstack(tree, i: int):

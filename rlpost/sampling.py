@@ -46,6 +46,7 @@ import numpy as np
 from flax import nnx, struct
 
 from rlpost.models import transformer as tfm
+from rlpost import tokenizer
 
 FINISH_STOP = 0  # the sequence emitted a stop token
 FINISH_LENGTH = 1  # the sequence hit max_new_tokens
@@ -423,21 +424,5 @@ class Sampler:
 def pad_prompts(prompts: Sequence[Sequence[int]], *, pad_id: int = 0, side: str = "left",
                 length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
   """Pack token lists into a padded [B, Tp] int32 buffer and a [B, Tp] bool mask (host side)."""
-  if side not in ("left", "right"):
-    raise ValueError(f"side must be 'left' or 'right', got {side!r}")
-  if len(prompts) == 0:
-    raise ValueError("empty batch: no prompts given")
-  longest = max(len(p) for p in prompts)
-  length = longest if length is None else length
-  if longest > length:
-    i = max(range(len(prompts)), key=lambda j: len(prompts[j]))
-    raise ValueError(f"prompt {i} has {len(prompts[i])} tokens, longer than the buffer length {length}")
-  tokens = np.full((len(prompts), length), pad_id, np.int32)
-  mask = np.zeros((len(prompts), length), bool)
-  for i, p in enumerate(prompts):
-    if len(p) == 0:
-      raise ValueError(f"prompt {i} is empty")
-    sl = slice(length - len(p), length) if side == "left" else slice(0, len(p))
-    tokens[i, sl] = p
-    mask[i, sl] = True
-  return tokens, mask
+  return tokenizer.pad(prompts, pad_id=pad_id, length=length, side=side, what="prompt",
+                       allow_empty=False)

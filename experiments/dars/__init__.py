@@ -120,7 +120,7 @@ def cumulative_advantage_curve(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0)
   """
   n, p = sz.n, sz.curve_prompts
   idx = jnp.repeat(jnp.arange(p, dtype=jnp.int32), n)
-  ro = jax.jit(trainer._sample_rows)(trainer.ref_params, idx, jax.random.key(seed))
+  ro = jax.jit(trainer.sample)(trainer.ref_params, idx, jax.random.key(seed))
   batch = O.RolloutBatch(group_id=jnp.repeat(jnp.arange(p, dtype=jnp.int32), n),
                          valid=jnp.ones((p * n,), bool), tokens=ro.tokens, token_mask=ro.mask,
                          rewards=ro.rewards)

@@ -131,7 +131,7 @@ def sign_flip_rates(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0) -> dict:
   """
   n, m, draws = sz.flip_prompts, sz.flip_reference, sz.flip_draws
   idx = jnp.repeat(jnp.arange(n, dtype=jnp.int32), m)
-  sample = jax.jit(trainer._sample_rows)
+  sample = jax.jit(trainer.sample)
   ro = sample(trainer.ref_params, idx, jax.random.key(seed))
   data = trainer.train_data
   rng = np.random.default_rng(seed)

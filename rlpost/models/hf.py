@@ -37,6 +37,7 @@ import numpy as np
 from flax import nnx
 
 from rlpost.models.transformer import Llama3RopeScaling, Transformer, TransformerConfig
+from rlpost import tokenizer
 
 # Short architecture names accepted by ``config_to_hf`` / ``save_pretrained``.
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
@@ -551,6 +552,10 @@ class Tokenizer:
     """Token ids of one string."""
     return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+  def encode_prompt(self, text: str) -> list[int]:
+    """Ids of a prompt with the checkpoint's own special tokens (``add_special_tokens``)."""
+    return self.encode(text)
+
   def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
     """String of one id sequence (list or 1-D array)."""
     return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
@@ -573,22 +578,9 @@ class Tokenizer:
     longest sequence. ``side`` is "left" (prompts for sampling) or "right". Raises ValueError if
     a sequence is longer than ``length`` or the tokenizer has no pad id.
     """
-    if side not in ("left", "right"):
-      raise ValueError(f"side must be 'left' or 'right', got {side!r}")
     if self.pad_id is None:
       raise ValueError("tokenizer has no pad id (no pad_token, pad_token_id or eos)")
-    longest = max((len(s) for s in batch), default=0)
-    length = longest if length is None else length
-    if longest > length:
-      raise ValueError(f"sequence of {longest} tokens does not fit length {length}")
-    tokens = np.full((len(batch), length), self.pad_id, np.int32)
-    mask = np.zeros((len(batch), length), bool)
-    for i, ids in enumerate(batch):
-      n = len(ids)
-      sl = slice(length - n, length) if side == "left" else slice(0, n)
-      tokens[i, sl] = ids
-      mask[i, sl] = True
-    return tokens, mask
+    return tokenizer.pad(batch, pad_id=self.pad_id, length=length, side=side)
 
   def encode_padded(self, texts: Sequence[str], *, length: int | None = None,
                     side: str = "left",

@@ -1,1 +1,2 @@
-"""Rollout allocation with static shapes: DARS schedules and merged groups."""
+"""Rollout allocation with static shapes: plain, DAPO dynamic sampling, DARS (allocate.py) and
+the DARS schedule (dars.py)."""

@@ -11,8 +11,8 @@ reaches at a = 0.5 (official code: yangzhch6/DARS, ``ray_dars_trainer.py``, ``sc
   equal treatment:     extra = min(ceil((P - N S) / S), n_max - N)
   hardness weighted:   extra = min(ceil((2 (1 - a) P - N S) / S), n_max - N)
 
-Stage-2 rollouts merge into the prompt's group (size N + extra, padded to n_max with a validity
-mask); merged groups whose accuracy is 0 or 1 are dropped from the update.
+Stage-2 rollouts merge into the prompt's group; merged groups whose accuracy is 0 or 1 are
+dropped from the update (``rlpost.rollouts.allocate.dars`` does both with static shapes).
 
 Shapes: P prompts, N stage-1 rollouts per prompt, n_max the largest merged group.
 """
@@ -42,17 +42,3 @@ def extra_rollouts(accuracy, n: int, n_max: int, *, schedule: str = "et", use_st
   extra = jnp.clip(extra, 0, n_max - n)
   return jnp.where(a >= 0.5, 0, extra).astype(jnp.int32)
 
-
-def merged_valid(extra, n: int, n_max: int):
-  """[P, n_max] bool: the first N + extra members of each merged group are real."""
-  return jnp.arange(n_max)[None, :] < (n + jnp.asarray(extra))[:, None]
-
-
-def keep_mixed_groups(rewards, valid):
-  """[P] bool: merged groups whose valid members are neither all wrong nor all right.
-
-  rewards: [P, n_max] float32 binary rewards; valid: [P, n_max] bool.
-  """
-  count = jnp.sum(valid, axis=1)
-  correct = jnp.sum(jnp.where(valid, rewards > 0.5, False), axis=1)
-  return (correct > 0) & (correct < count)

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlpost.tasks import base
 from rlpost.tasks.tokenizer import EOS, CharTokenizer
 
 
@@ -113,3 +114,23 @@ def reward(tokens: jax.Array, mask: jax.Array, answer: jax.Array, answer_len: ja
     r = jnp.where(correct, 1.0, jnp.where(same_len, 0.5 * partial, 0.0)).astype(jnp.float32)
   return r, correct
 
+
+
+@base.register_task
+class ArithmeticTask(base.SyntheticTask):
+  """Multi-step arithmetic, scored in JAX on character ids (on the host for other tokenizers);
+  ``graded_reward`` gives partial credit for right digits of a right-length answer."""
+
+  name = "arithmetic"
+  has_graded_reward = True
+
+  def score(self, completion: str, finished: bool, record: dict) -> float:
+    return reference_reward(completion, finished, record["answer"],
+                            graded=self.cfg.graded_reward)
+
+  def answer_arrays(self, records, tok):
+    answers = [r["answer"] for r in records]
+    return encode_answers(answers, tok, max(len(a) for a in answers))
+
+  def jax_reward(self, tokens, mask, answer, answer_len, tok):
+    return reward(tokens, mask, answer, answer_len, tok, graded=self.cfg.graded_reward)

@@ -20,6 +20,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from rlpost.tasks import base
+
 MAX_CHARS = 64
 MAX_DEPTH = 16
 
@@ -153,3 +155,13 @@ def score(completion: str, finished: bool, prompt: str) -> float:
   if collections.Counter(literals) != collections.Counter(nums):
     return 0.0
   return float(value == target)
+
+
+@base.register_task
+class CountdownTask(base.SyntheticTask):
+  """The Countdown numbers game, scored on the host (any tokenizer)."""
+
+  name = "countdown"
+
+  def score(self, completion: str, finished: bool, record: dict) -> float:
+    return score(completion, finished, record["prompt"])

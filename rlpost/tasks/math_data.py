@@ -14,6 +14,9 @@ import re
 from fractions import Fraction
 from typing import Iterable
 
+from rlpost.tasks import base
+from rlpost.tasks.base import format_prompt  # noqa: F401  (re-exported)
+
 
 def _read_json_records(path: str) -> list[dict]:
   """Records of a .jsonl file, a json list, or a single json object; errors name file and line."""
@@ -232,16 +235,7 @@ PLAIN_TEMPLATE = ("Question: {question}\nPlease reason step by step, and put you
                   "within \\boxed{}.\nAnswer:")
 
 FILE_TASKS = ("gsm8k", "math")
-SPLITS = ("train", "test")
-
-
-def format_prompt(template: str, question: str) -> str:
-  """``template`` with every literal ``{question}`` replaced by ``question``.
-
-  Plain substitution: no other braces are interpreted (``\\boxed{}`` stays as written) and
-  nothing in the template or the question is evaluated.
-  """
-  return template.replace("{question}", question)
+SPLITS = base.SPLITS
 
 
 def load_task(task: str, spec: dict) -> dict[str, list[dict]]:
@@ -279,3 +273,50 @@ def load_task(task: str, spec: dict) -> dict[str, list[dict]]:
     else:
       out[split] = load_math(list(paths) if many else paths)
   return out
+
+
+class _FileTask(base.Task):
+  """A real-text math task read from local files (``task_spec = {"train": path, "test":
+  path}``), prompts formatted with ``prompt_template``, scored by answer equivalence."""
+
+  character_alphabet = False
+  prompt_template = True
+
+  @classmethod
+  def validate(cls, cfg) -> None:
+    if set(cfg.task_spec) != set(SPLITS):
+      raise ValueError("config key 'task_spec': must name local files: {'train': path, 'test': "
+                       f"path}} (got {cfg.task_spec!r})")
+    if "{question}" not in cfg.prompt_template:
+      raise ValueError("config key 'prompt_template': must contain '{question}' (got "
+                       f"{cfg.prompt_template!r})")
+
+  def load(self, log):
+    c = self.cfg
+    data = load_task(self.name, c.task_spec)
+    caps = {"train": c.num_train, "test": c.num_test}
+    for split, rows in data.items():
+      if len(rows) > caps[split]:
+        log(f"{self.name} {split}: using the first {caps[split]} of {len(rows)} records "
+            f"(num_{split})")
+        data[split] = rows[:caps[split]]
+    return data
+
+  def score(self, completion: str, finished: bool, record: dict) -> float:
+    return score_math(completion, record["answer"])
+
+  def final_answer(self, completion: str):
+    return canonical_answer(extract_answer(completion))
+
+  def reference_answer(self, record: dict):
+    return canonical_answer(record["answer"])
+
+
+@base.register_task
+class GSM8KTask(_FileTask):
+  name = "gsm8k"
+
+
+@base.register_task
+class MathTask(_FileTask):
+  name = "math"

@@ -1,7 +1,7 @@
-"""Character-level tokenizer for the synthetic tasks.
+"""Character-level tokenizer for the synthetic tasks (a ``rlpost.tokenizer.Tokenizer``).
 
-Ids: 0 = PAD, 1 = BOS, 2 = EOS, then one id per character of ``ALPHABET``. Encoding is strict:
-a character outside the alphabet is an error naming it and its position.
+Ids: 0 = PAD, 1 = BOS, 2 = EOS, then one id per character of ``ALPHABET``. Encoding is
+strict: a character outside the alphabet is an error naming it and its position.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+
+from rlpost.tokenizer import Tokenizer, pad  # noqa: F401  (re-exported)
 
 PAD, BOS, EOS = 0, 1, 2
 ALPHABET = "0123456789+-*/=(),:;# abcdefghijklmnopqrstuvwxyz"
@@ -20,6 +22,7 @@ class CharTokenizer:
   pad_id = PAD
   bos_id = BOS
   eos_id = EOS
+  eos_ids = (EOS,)
 
   def __init__(self, alphabet: str = ALPHABET):
     if len(set(alphabet)) != len(alphabet):
@@ -44,6 +47,13 @@ class CharTokenizer:
       ids.append(self._to_id[c])
     return ([BOS] if bos else []) + ids + ([EOS] if eos else [])
 
+  def encode_prompt(self, text: str) -> list[int]:
+    """BOS and the characters of ``text``."""
+    return self.encode(text, bos=True)
+
+  def token_to_id(self, token: str) -> int | None:
+    return self._to_id.get(token)
+
   def decode(self, ids: Sequence[int], *, stop_at_eos: bool = True) -> str:
     """Text of ``ids``; PAD and BOS are dropped, decoding stops at the first EOS by default."""
     out = []
@@ -58,16 +68,10 @@ class CharTokenizer:
   def encode_batch(self, texts: Sequence[str], length: int, *, bos: bool = False, eos: bool = False,
                    side: str = "left") -> tuple[np.ndarray, np.ndarray]:
     """Padded [B, length] int32 ids and [B, length] bool mask; errors name the offending row."""
-    tokens = np.full((len(texts), length), PAD, np.int32)
-    mask = np.zeros((len(texts), length), bool)
+    ids = []
     for r, text in enumerate(texts):
       try:
-        ids = self.encode(text, bos=bos, eos=eos)
+        ids.append(self.encode(text, bos=bos, eos=eos))
       except ValueError as e:
         raise ValueError(f"row {r}: {e}") from None
-      if len(ids) > length:
-        raise ValueError(f"row {r}: {len(ids)} tokens do not fit the buffer length {length}")
-      sl = slice(length - len(ids), length) if side == "left" else slice(0, len(ids))
-      tokens[r, sl] = ids
-      mask[r, sl] = True
-    return tokens, mask
+    return pad(ids, pad_id=PAD, length=length, side=side, what="row")

@@ -21,6 +21,12 @@ run after saving a checkpoint, so nothing is lost.
 from __future__ import annotations
 
 import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from rlpost.types import TOKEN_FIELDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,3 +91,32 @@ class Guards:
       if self.runs[r.metric] == r.patience:
         alarms.append(Alarm(r.metric, value, step, self.runs[r.metric], r.message))
     return alarms
+
+
+def all_finite(tree) -> jax.Array:
+  """[] bool: every floating-point value of ``tree`` is finite (one reduction per leaf)."""
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
+
+
+_FINITE_FIELDS = ("reward", *(f.replace("_logp", " log-prob") for f in TOKEN_FIELDS))
+
+
+def raise_if_bad(metrics: dict, step: int) -> None:
+  """Host-side checks after a step: non-finite rollouts, loss or parameters stop the run with
+  the rollout, its prompt and group, or the likely cause named."""
+  if int(metrics["nonfinite_batch"]):
+    field = int(metrics.get("nonfinite_field", -1))
+    what = _FINITE_FIELDS[field] if 0 <= field < len(_FINITE_FIELDS) else "reward or token value"
+    raise FloatingPointError(
+        f"step {step}: non-finite {what} at rollout index {int(metrics['nonfinite_index'])} "
+        f"(train prompt {int(metrics['nonfinite_prompt'])}, group "
+        f"{int(metrics['nonfinite_group'])} of the step)")
+  if int(metrics.get("nonfinite_params", 0)):
+    raise FloatingPointError(
+        f"step {step}: the update made the policy parameters non-finite (gradient norm "
+        f"{float(metrics['grad_norm']):.3g}); check lr, grad_clip and the recipe's coefficients")
+  loss = float(metrics["loss"])
+  if not math.isfinite(loss):
+    raise FloatingPointError(f"step {step}: loss became {loss}")

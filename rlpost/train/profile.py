@@ -14,6 +14,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from rlpost.rollouts import allocate
 from rlpost.train.rl import RLState, Trainer
 
 
@@ -39,20 +40,20 @@ def time_split(trainer: Trainer, state: RLState | None = None, *, repeats: int =
 
   @jax.jit
   def sample(params, key):
-    return trainer._sample_rows(params, idx, key)
+    return trainer.sample(params, idx, key)
 
   ro = sample(state.params, key)
 
   @jax.jit
   def score(tokens, mask):
-    return trainer._reward(tokens, mask, idx, data)
+    return trainer.reward(tokens, mask, idx, data)
 
-  collected = (ro, idx // g, jnp.ones((p * g,), bool), p, {})
+  collected = allocate.Allocation(ro, idx // g, jnp.ones((p * g,), bool), p, {})
   k_adv, k_mb = jax.random.split(key)
 
   @jax.jit
   def update(st, collected):
-    return trainer._update(st, collected, k_adv, k_mb)
+    return trainer.fns.update(st, collected, trainer.ref_params, k_adv, k_mb)
 
   out = {}
   out["sample"] = _median_time(sample, state.params, key, repeats=repeats)

@@ -112,7 +112,7 @@ def _trl_trainer(trainer, workdir: str, beta: float, args, steps: int, callback)
   transformers.utils.logging.set_verbosity_error()
   transformers.utils.logging.disable_progress_bar()
   datasets.disable_progress_bars()
-  path = hf.save_pretrained(trainer.model, Path(workdir) / f"policy-{beta}", architecture="qwen2",
+  path = hf.save_pretrained(trainer.reference_model(), Path(workdir) / f"policy-{beta}", architecture="qwen2",
                             overwrite=True)
   rows = trainer.rows["train"][: args.prompts * (steps + 1)]
   data = datasets.Dataset.from_list([{"prompt": "<s>" + r["prompt"], "answer": r["answer"]}

@@ -81,7 +81,7 @@ def test_every_full_config_builds_at_toy_size(env):
       assert os.path.basename(cfg["policy"]) in full_size.POLICIES, (e, name)
       assert cfg["sft_steps"] == 0 and cfg["task"] in ("gsm8k", "math")
       full = config_lib.from_dict(rl.RLConfig, cfg)
-      assert rl._recipe(full, full.max_new_tokens).name == cfg["recipe"]
+      assert rl.build_recipe(full, full.max_new_tokens).name == cfg["recipe"]
       tr = rl.make_train(toy(cfg, env), log=lambda s: None)
       arch = full_size.POLICIES[os.path.basename(cfg["policy"])]
       mc = tr.model_cfg

@@ -26,9 +26,3 @@ def test_schedule_caps_and_std_variant():
   with pytest.raises(ValueError, match="n_max"):
     dars.extra_rollouts(A, 8, 4)
 
-
-def test_merged_groups_and_drop():
-  valid = np.asarray(dars.merged_valid(np.array([0, 3]), 2, 6))
-  np.testing.assert_array_equal(valid.sum(1), [2, 5])
-  rewards = np.array([[1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 0]], np.float32)
-  np.testing.assert_array_equal(dars.keep_mixed_groups(rewards, valid), [False, True])

@@ -24,7 +24,7 @@ def test_tokenizer_roundtrip_and_errors():
   assert toks.shape == (2, 6) and mask.sum() == 9 and toks[0, 0] == PAD
   with pytest.raises(ValueError, match="character 'X' at position 1"):
     TOK.encode("1X")
-  with pytest.raises(ValueError, match="row 1: 5 tokens do not fit"):
+  with pytest.raises(ValueError, match="row 1 has 5 tokens and does not fit"):
     TOK.encode_batch(["1", "22+33"], 4)
 
 

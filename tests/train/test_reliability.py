@@ -335,7 +335,7 @@ def test_reward_function_exceptions_name_the_batch(dirs):
   def broken(tokens, mask, idx, split):
     raise KeyError("lookup failed")
 
-  tr._score_host = broken
+  tr.score_host = broken
   rows = tr.cfg.num_prompts * tr.cfg.group_size
   with pytest.raises(Exception, match=rf"reward function failed on a batch of {rows} rollouts "
                      r"\(prompts \d+\.\.\d+\): KeyError"):

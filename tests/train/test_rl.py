@@ -103,18 +103,18 @@ def test_countdown_through_host_callback(dirs):
   assert 0.0 <= res["pass@1"] <= 1.0
   # A host reward returning NaN or the wrong shape fails with the rollout and prompt named.
   tr = tiny(dirs, **kw)
-  real = tr._score_host
+  real = tr.score_host
 
   def nan_at_5(tokens, mask, idx, split):
     r = real(tokens, mask, idx, split)
     r[5] = np.nan
     return r
 
-  tr._score_host = nan_at_5
+  tr.score_host = nan_at_5
   with pytest.raises(Exception, match=r"rollout 5 \(prompt \d+\)"):
     tr.step(tr.init_state())
   tr = tiny(dirs, **kw)
-  tr._score_host = lambda tokens, mask, idx, split: np.zeros(3, np.float32)
+  tr.score_host = lambda tokens, mask, idx, split: np.zeros(3, np.float32)
   rows = tr.cfg.num_prompts * tr.cfg.group_size
   with pytest.raises(Exception, match=rf"returned shape \(3,\), expected \({rows},\)"):
     tr.step(tr.init_state())
@@ -197,13 +197,13 @@ def test_averaged_weights_evaluated_and_resumed_exactly(dirs, tmp_path):
 
 def test_nonfinite_reward_names_the_rollout(dirs, tmp_path):
   tr = tiny(dirs)
-  real = tr._reward
+  real = tr.reward
 
-  def bad_reward(tokens, mask, idx, data):
-    r, ok = real(tokens, mask, idx, data)
+  def bad_reward(tokens, mask, idx, data, *, split_id=0):
+    r, ok = real(tokens, mask, idx, data, split_id=split_id)
     return r.at[6].set(jnp.nan), ok
 
-  tr._reward = bad_reward
+  tr.reward = bad_reward
   g = tr.cfg.group_size
   with pytest.raises(FloatingPointError, match=rf"step 1: non-finite reward at rollout index 6 "
                      rf"\(train prompt \d+, group {6 // g} of the step\).*no checkpoint was "
@@ -259,9 +259,9 @@ def test_rollouts_in_chunks_sample_the_same_rows(dirs):
     ref = tiny(dirs, **kw)
     s0 = ref.init_state()
     k = jax.random.wrap_key_data(s0.key)
-    want = ref._sample_rows(s0.params, jnp.arange(32) % 200, k)
+    want = ref.sample(s0.params, jnp.arange(32) % 200, k)
     tr = tiny(dirs, rollout_chunk=8, **kw)
-    got = tr._sample_rows(s0.params, jnp.arange(32) % 200, k)
+    got = tr.sample(s0.params, jnp.arange(32) % 200, k)
     same = np.all(np.asarray(want.tokens) == np.asarray(got.tokens), axis=1)
     assert np.mean(same) >= 31 / 32, np.mean(same)
     assert np.var(np.asarray(want.rewards)) > 0  # rows that differ in outcome were compared

@@ -73,7 +73,7 @@ def test_math_policy_trains_scores_and_evaluates(env):
   wrong = tok.encode(r"\boxed{4}")
   n = max(len(right), len(wrong))
   tokens, mask = tok.pad([right, wrong], length=n, side="right")
-  r = tr._score_host(tokens, mask, np.array([0, 0]), 0)  # train record 0: 3/4
+  r = tr.score_host(tokens, mask, np.array([0, 0]), 0)  # train record 0: 3/4
   assert list(r) == [1.0, 0.0]
 
 
@@ -82,8 +82,8 @@ def test_gsm8k_task_and_majority_vote(env):
   assert list(np.asarray(tr.train_data.difficulty)) == [0, 0, 0, 0]
   assert len(tr.rows["test"]) == 1  # num_test caps the records of a file task
   assert tr.rows["train"][3]["answer"] == "2400"
-  assert tr._final_answer(r"... \boxed{5.0}") == tr._final_answer("#### 5")
-  assert tr._final_answer("no digits") is None
+  assert tr.task.final_answer(r"... \boxed{5.0}") == tr.task.final_answer("#### 5")
+  assert tr.task.final_answer("no digits") is None
   state, m = tr.step(tr.init_state())
   assert np.isfinite(float(m["loss"]))
   assert set(tr.evaluate(state.params)) >= {"pass@1", "pass@1/d0", "maj@2"}
@@ -126,8 +126,14 @@ def test_policy_configuration_errors(env, tmp_path):
     make(env, sft_steps=10)
   with pytest.raises(ValueError, match="'max_new_tokens': must be set"):
     make(env, max_new_tokens=0)
-  with pytest.raises(ValueError, match="'task': arithmetic is scored on character"):
-    make(env, task="arithmetic", task_spec={})
+  # A task with an in-JAX reward on character ids is scored on the host with other tokenizers.
+  tr = make(env, task="arithmetic", task_spec={}, num_train=20, num_test=4,
+            data_dir=str(env["root"] / "tfds"))
+  assert not tr.jax_reward
+  rec = tr.rows["train"][0]
+  ids = tr.tok.encode(rec["answer"], add_special_tokens=False) + [tr.stop_tokens[0]]
+  tokens, mask = tr.tok.pad([ids, ids[:-1]], side="right")
+  assert list(tr.score_host(tokens, mask, np.array([0, 0]), 0)) == [1.0, 0.0]  # unfinished: 0
   with pytest.raises(ValueError, match="'extra_stop_tokens': '<nope>' is not a token"):
     make(env, extra_stop_tokens=("<nope>",))
   # File tasks need a policy, two local files and a template with {question}.

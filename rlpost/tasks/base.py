@@ -1,0 +1,211 @@
+"""The ``Task`` interface of the RL trainer, its registry, and task arrays on device.
+
+A task is a set of records per split and a verifier. The trainer never names a task: it asks
+the registry for ``get_task(cfg.task)`` and uses only this interface.
+
+Records are dicts with at least ``prompt`` (text), ``answer`` (text) and ``difficulty`` (int:
+the band per-difficulty metrics are reported by); tasks that warm-start the built-in character
+model also give ``demo`` (a worked solution, the SFT target).
+
+A task scores completions in one of two ways:
+
+* ``score(completion, finished, record) -> float`` on the host, for any tokenizer: the trainer
+  calls it through one batched callback per sampling call (``host_reward``);
+* optionally in JAX, for the character tokenizer only: ``answer_arrays`` encodes each record's
+  answer once, and ``jax_reward(tokens, mask, answer, answer_len, tok)`` scores on device.
+
+A reward >= 1 counts as correct. Adding a task is one file with a ``Task`` subclass and a
+``register_task`` call, plus its test; see README "Extending rlpost".
+
+Shape legend: N records of a split, Tp prompt buffer, A answer buffer, B rows, T tokens.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlpost.tokenizer import Tokenizer, pad
+
+SPLITS = ("train", "test")
+
+
+class TaskArrays(NamedTuple):
+  """A split on device: prompts left-padded [N, Tp] int32 / bool, answers right-padded [N, A]
+  int32 with lengths [N] int32 (zeros for host-scored tasks), difficulty bands [N] int32."""
+
+  prompt_tokens: jax.Array
+  prompt_mask: jax.Array
+  answer: jax.Array
+  answer_len: jax.Array
+  difficulty: jax.Array
+
+
+class Task:
+  """A verifiable task (see the module docstring). Subclasses set ``name`` and implement
+  ``load`` and ``score``; the rest has defaults.
+
+  Attributes:
+    name: registry name (``cfg.task``).
+    character_alphabet: prompts and answers fit the built-in character tokenizer (False for real
+      text: the task then needs a Hugging Face ``policy``).
+    prompt_template: the trainer formats prompts with ``cfg.prompt_template`` (a policy's chat
+      format) instead of using them as they are.
+    has_graded_reward: ``cfg.graded_reward`` (partial credit) applies.
+  """
+
+  name: str = ""
+  character_alphabet: bool = True
+  prompt_template: bool = False
+  has_graded_reward: bool = False
+
+  def __init__(self, cfg: Any):
+    """``cfg`` is the run's RLConfig; a task reads its own keys (``task_spec``, sizes...)."""
+    self.cfg = cfg
+
+  @classmethod
+  def validate(cls, cfg: Any) -> None:
+    """Task-specific config checks, before any work; raise ValueError naming the key."""
+
+  def load(self, log: Callable[[str], None]) -> dict[str, list[dict]]:
+    """{"train": records, "test": records}."""
+    raise NotImplementedError
+
+  def score(self, completion: str, finished: bool, record: dict) -> float:
+    """The reward of a decoded completion (``finished``: a stop token was emitted)."""
+    raise NotImplementedError
+
+  def final_answer(self, completion: str) -> str | None:
+    """The answer a completion votes for in maj@k (None: no answer)."""
+    return completion.split(",")[-1] or None
+
+  def reference_answer(self, record: dict) -> str | None:
+    """A record's answer in the form ``final_answer`` returns."""
+    return record["answer"]
+
+  # Optional in-JAX reward for the character tokenizer; None: scored on the host.
+  jax_reward: Callable | None = None
+
+  def answer_arrays(self, records: Sequence[dict], tok: Tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """Answers for ``jax_reward`` on character ids: ([N, A] int32, [N] int32)."""
+    raise NotImplementedError(f"task {self.name!r} has no in-JAX reward")
+
+
+_REGISTRY: dict[str, type[Task]] = {}
+_BUILTIN = ("rlpost.tasks.arithmetic", "rlpost.tasks.countdown", "rlpost.tasks.math_data")
+
+
+def register_task(task: type[Task]) -> type[Task]:
+  """Adds a ``Task`` subclass under ``task.name`` (usable as a class decorator)."""
+  if not task.name:
+    raise ValueError(f"{task.__name__} has no name")
+  if task.name in _REGISTRY and _REGISTRY[task.name] is not task:
+    raise ValueError(f"task {task.name!r} is already registered")
+  _REGISTRY[task.name] = task
+  return task
+
+
+def _load_builtin() -> None:
+  for module in _BUILTIN:
+    importlib.import_module(module)
+
+
+def list_tasks() -> tuple[str, ...]:
+  """Registered task names, sorted."""
+  _load_builtin()
+  return tuple(sorted(_REGISTRY))
+
+
+def get_task(name: str) -> type[Task]:
+  """The task class registered as ``name``; ValueError listing the known ones."""
+  _load_builtin()
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown task {name!r}; known: {list(list_tasks())}")
+  return _REGISTRY[name]
+
+
+def format_prompt(template: str, question: str) -> str:
+  """``template`` with every literal ``{question}`` replaced by ``question``.
+
+  Plain substitution: no other braces are interpreted (``\\boxed{}`` stays as written) and
+  nothing in the template or the question is evaluated.
+  """
+  return template.replace("{question}", question)
+
+
+def task_arrays(records: Sequence[dict], prompt_ids: Sequence[Sequence[int]], *, pad_id: int,
+                length: int, answers: tuple[np.ndarray, np.ndarray] | None = None) -> TaskArrays:
+  """A split's arrays: prompt ids left-padded with ``pad_id`` to [N, length]; ``answers`` from
+  ``Task.answer_arrays`` for an in-JAX reward (else [N, 1] zeros)."""
+  pt, pm = pad(prompt_ids, pad_id=pad_id, length=length, side="left", what="prompt")
+  n = len(records)
+  ans, ans_len = answers if answers is not None else (np.zeros((n, 1), np.int32),
+                                                        np.zeros((n,), np.int32))
+  return TaskArrays(jnp.asarray(pt), jnp.asarray(pm), jnp.asarray(ans), jnp.asarray(ans_len),
+                    jnp.asarray([r["difficulty"] for r in records], jnp.int32))
+
+
+def host_scorer(task: Task, records: dict[str, list[dict]], tok: Tokenizer,
+                stop_ids: Sequence[int]) -> Callable:
+  """``fn(tokens [B, N], mask [B, N], idx [B], split_id) -> [B] float32`` scoring decoded
+  completions of prompts ``idx`` of split ``SPLITS[split_id]`` with ``task.score``."""
+  stop = np.asarray(list(stop_ids))
+
+  def fn(tokens: np.ndarray, mask: np.ndarray, idx: np.ndarray, split: int) -> np.ndarray:
+    rows = records[SPLITS[split]]
+    out = np.zeros(len(idx), np.float32)
+    for b, (t, m, i) in enumerate(zip(tokens, mask, idx)):
+      finished = bool(np.any(np.isin(t, stop) & m))
+      out[b] = task.score(tok.decode(t[m]), finished, rows[int(i)])
+    return out
+
+  return fn
+
+
+def host_reward(fn, tokens, mask, idx, *, split_id: int):
+  """Score completions on the host through one batched callback (the only host boundary).
+
+  fn(tokens [B, N] np.int32, mask [B, N] np.bool_, idx [B] np.int32, split) -> [B] float32.
+  Returns (rewards [B] float32, correct [B] bool = reward >= 1).
+  """
+  shape = jax.ShapeDtypeStruct(idx.shape, jnp.float32)
+
+  def checked(t, m, i):
+    try:
+      r = np.asarray(fn(t, m, i, split_id), np.float32)
+    except Exception as e:  # noqa: BLE001 - re-raised with the batch context
+      raise RuntimeError(f"reward function failed on a batch of {len(i)} rollouts "
+                         f"(prompts {int(i.min())}..{int(i.max())}): {e!r}") from e
+    if r.shape != i.shape:
+      raise ValueError(f"reward function returned shape {r.shape}, expected {i.shape}")
+    bad = np.flatnonzero(~np.isfinite(r))
+    if bad.size:
+      raise ValueError(f"reward function returned {r[bad[0]]} for rollout {int(bad[0])} "
+                       f"(prompt {int(i[bad[0]])})")
+    return r
+
+  r = jax.pure_callback(checked, shape, tokens, mask, idx, vmap_method="sequential")
+  return r, r >= 1.0
+
+
+class SyntheticTask(Task):
+  """A task generated locally by its tfds builder (``rlpost.tasks.builders``) from
+  ``task_spec``, ``num_train``, ``num_test`` and ``data_seed``."""
+
+  @classmethod
+  def validate(cls, cfg: Any) -> None:
+    if cfg.eval_problems > cfg.num_test:
+      raise ValueError(f"config key 'eval_problems': exceeds the {cfg.num_test} problems of the "
+                       "test split (num_test); use eval_problems=0 for all of them (got "
+                       f"{cfg.eval_problems!r})")
+
+  def load(self, log: Callable[[str], None]) -> dict[str, list[dict]]:
+    from rlpost.tasks import builders
+
+    c = self.cfg
+    return builders.build(self.name, spec=c.task_spec, num_train=c.num_train,
+                          num_test=c.num_test, seed=c.data_seed, data_dir=c.data_dir)

@@ -1,0 +1,117 @@
+"""Host-side setup of an RL run: the task's records, the policy and the task arrays on device.
+
+``build(cfg, log)`` loads the task (``rlpost.tasks.base.get_task``), encodes every prompt with
+the policy's tokenizer (``Tokenizer.encode_prompt``, after ``prompt_template`` for tasks that
+use one), drops prompts longer than ``max_prompt_tokens``, and builds the policy: a Hugging Face
+checkpoint as loaded (``policy=/path``), or the character model sized to the prompts and
+demonstrations and SFT warm-started on the train split's demonstrations (cached by content).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from rlpost.models import transformer as tfm
+from rlpost.models.policy import Policy
+from rlpost.tasks import base as task_base
+from rlpost.tasks.base import Task, TaskArrays
+from rlpost.tasks.tokenizer import CharTokenizer
+from rlpost.train import sft
+from rlpost.train.rl_config import DEFAULT_MODEL, RLConfig
+
+
+class Setup(NamedTuple):
+  task: Task
+  records: dict[str, list[dict]]
+  policy: Policy
+  train_data: TaskArrays
+  test_data: TaskArrays
+  max_new_tokens: int
+
+
+def build(cfg: RLConfig, log: Callable[[str], None]) -> Setup:
+  task = task_base.get_task(cfg.task)(cfg)
+  policy = None
+  if cfg.policy:
+    policy = Policy.from_hf(cfg.policy, dtype=cfg.model.get("dtype", "float32"),
+                            param_dtype=cfg.model.get("param_dtype"),
+                            max_seq_len=cfg.model.get("max_seq_len"),
+                            extra_stop_tokens=cfg.extra_stop_tokens)
+  tok = policy.tokenizer if policy else CharTokenizer()
+  records = task.load(log)
+  records, ids = _encode_prompts(cfg, task, records, tok, log)
+  if cfg.eval_problems > len(records["test"]):
+    log(f"eval_problems={cfg.eval_problems} exceeds the {len(records['test'])} {cfg.task} "
+        f"test problems: evaluating all {len(records['test'])}")
+  tp = max(len(e) for split in ids.values() for e in split)
+  if policy is None:
+    policy, max_new = _character_policy(cfg, records, tp, log)
+  else:
+    max_new = cfg.max_new_tokens
+    if tp + max_new > policy.model_cfg.max_seq_len:
+      raise ValueError(
+          f"prompts of up to {tp} tokens + max_new_tokens {max_new} exceed the policy's "
+          f"max_seq_len {policy.model_cfg.max_seq_len} ({cfg.policy}/config.json "
+          "max_position_embeddings); lower 'max_prompt_tokens' or 'max_new_tokens', or set "
+          "model={'max_seq_len': ...}")
+    log(f"policy {cfg.policy}: {policy.model_cfg.num_params() / 1e6:.1f}M parameters, "
+        f"{tok.vocab_size} tokens, stop ids {list(policy.stop_ids)}, pad id {policy.pad_id}; "
+        f"{len(records['train'])} train / {len(records['test'])} test prompts of <= {tp} "
+        "tokens; no SFT warm start")
+  jax_reward = task.jax_reward is not None and isinstance(tok, CharTokenizer)
+  arrays = {split: task_base.task_arrays(
+      records[split], ids[split], pad_id=policy.pad_id, length=tp,
+      answers=task.answer_arrays(records[split], tok) if jax_reward else None)
+      for split in task_base.SPLITS}
+  return Setup(task, records, policy, arrays["train"], arrays["test"], max_new)
+
+
+def _encode_prompts(cfg: RLConfig, task: Task, records: dict, tok, log):
+  """Prompt ids per split; records whose prompt exceeds max_prompt_tokens are dropped."""
+  template = cfg.prompt_template if task.prompt_template else "{question}"
+  out_records, ids = {}, {}
+  for split in task_base.SPLITS:
+    rows = records[split]
+    enc = []
+    for i, r in enumerate(rows):
+      try:
+        enc.append(tok.encode_prompt(task_base.format_prompt(template, r["prompt"])))
+      except ValueError as e:
+        raise ValueError(f"{cfg.task} {split}: prompt of record {i}: {e}") from None
+    empty = [i for i, e in enumerate(enc) if not e]
+    if empty:
+      raise ValueError(f"{cfg.task} {split}: prompt of record {empty[0]} encodes to no tokens")
+    if cfg.max_prompt_tokens:
+      keep = [i for i, e in enumerate(enc) if len(e) <= cfg.max_prompt_tokens]
+      if len(keep) < len(enc):
+        log(f"{cfg.task} {split}: dropped {len(enc) - len(keep)} of {len(enc)} prompts "
+            f"longer than max_prompt_tokens={cfg.max_prompt_tokens}")
+      if not keep:
+        raise ValueError(f"{cfg.task} {split}: every prompt is longer than max_prompt_tokens="
+                         f"{cfg.max_prompt_tokens}")
+      rows, enc = [rows[i] for i in keep], [enc[i] for i in keep]
+    out_records[split], ids[split] = rows, enc
+  return out_records, ids
+
+
+def _character_policy(cfg: RLConfig, records: dict, tp: int, log) -> tuple[Policy, int]:
+  """The character model sized for prompts of ``tp`` tokens and the demonstrations, SFT
+  warm-started on the train split (cached under ``cache_dir`` by content)."""
+  tok = CharTokenizer()
+  longest_demo = max(len(r["demo"]) for r in records["train"] + records["test"])
+  max_new = cfg.max_new_tokens or longest_demo + 2
+  model_kw = dict(DEFAULT_MODEL, **cfg.model)
+  model_kw.setdefault("vocab_size", tok.vocab_size)
+  model_kw["max_seq_len"] = max(model_kw["max_seq_len"], tp + longest_demo + 2, tp + max_new)
+  policy = Policy.character(tfm.TransformerConfig(**model_kw), seed=cfg.model_seed)
+  if cfg.sft_steps == 0:
+    return policy, max_new
+  sft_cfg = sft.SFTConfig(steps=cfg.sft_steps, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
+                          seed=cfg.model_seed)
+  # The SFT data: the task's train records, less prompts dropped by max_prompt_tokens.
+  dropped = [cfg.max_prompt_tokens] if cfg.max_prompt_tokens else []
+  key = sft.cache_key(policy.model_cfg, sft_cfg, cfg.task, cfg.task_spec, cfg.num_train,
+                      cfg.num_test, cfg.data_seed, cfg.model_seed, *dropped)
+  model = policy.model()
+  sft.cached_sft(model, records["train"], tok, sft_cfg, cfg.cache_dir, key, log=log)
+  return Policy.from_model(model, tok), max_new
