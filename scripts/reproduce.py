@@ -4,10 +4,13 @@
     python scripts/reproduce.py averaging --quick    # toy size, seconds
     python scripts/reproduce.py averaging --seeds 5 --out /tmp/avg
     python scripts/reproduce.py mc_grpo --sync-docs  # docstring results block from results/
+    python scripts/reproduce.py dars --rejudge       # re-judge results/dars/results.json (seconds)
 
 Each entry of ``EXPERIMENTS`` names a module with ``run(args)``; ``args`` carries ``quick``,
 ``seeds`` (None: the experiment's default), ``out`` (None: ``results/<name>``) and
-``no_progress``. Adding an experiment is one line here.
+``no_progress``. Adding an experiment is one line here. An experiment whose claims are data on
+``experiments/harness.py`` also has ``rejudge(out_dir)``: ``--rejudge`` re-judges its committed
+per-seed results with the current statistics, without training.
 
 For the experiments in ``DOC_SYNCED``, a full run into the default ``results/<name>`` also
 rewrites the results block at the end of the module's docstring and the results section of its
@@ -49,6 +52,9 @@ def main(argv=None):
   ap.add_argument("--no-progress", action="store_true")
   ap.add_argument("--sync-docs", action="store_true",
                   help="only rewrite the module docstring's results block from results/<name>")
+  ap.add_argument("--rejudge", action="store_true",
+                  help="re-judge the claims of the results already in --out (no training), "
+                       "then rewrite table.md, the plots and the docs")
   args = ap.parse_args(argv)
   from experiments import docsync
 
@@ -68,7 +74,15 @@ def main(argv=None):
   if os.path.exists(args.out) and not os.path.isdir(args.out):
     raise NotADirectoryError(f"--out {args.out} is a file; it must be a directory (or not exist)")
   module = importlib.import_module(EXPERIMENTS[args.experiment])
-  result = module.run(args)
+  if args.rejudge:
+    if not hasattr(module, "rejudge"):
+      ap.error(f"{args.experiment} cannot be re-judged yet (its claims are not on "
+               "experiments/harness.py)")
+    if not os.path.exists(os.path.join(args.out, "results.json")):
+      raise FileNotFoundError(f"--rejudge: no results.json in {args.out}")
+    result = module.rejudge(args.out)
+  else:
+    result = module.run(args)
   if default_out and not args.quick and args.experiment in DOC_SYNCED:
     docsync.sync(args.experiment)
     docsync.sync_readme(args.experiment)

@@ -27,19 +27,22 @@ Outputs in ``--out`` (default ``results/dars``): ``table.md``, ``results.json``,
 
 Results on this CPU (generated from results/dars/table.md; do not edit by hand):
 
-`python scripts/reproduce.py dars`: 4 seeds per arm; pass@k from 200 test problems x 64 samples; 13.2 min on this machine. Cells: mean [95% bootstrap CI over seeds]. SFT start: pass@1 0.356, pass@4 0.510, pass@16 0.636, pass@64 0.730, pass@1 (4-digit) 0.002, pass@4 (4-digit) 0.006, pass@16 (4-digit) 0.024, pass@64 (4-digit) 0.096.
+`python scripts/reproduce.py dars`: 4 seeds per arm; pass@k from 200 test problems x 64 samples; 13.2 min on this machine. Cells: mean [95% t interval over seeds]; differences: Welch intervals. SFT start: pass@1 0.356, pass@4 0.510, pass@16 0.636, pass@64 0.730, pass@1 (4-digit) 0.002, pass@4 (4-digit) 0.006, pass@16 (4-digit) 0.024, pass@64 (4-digit) 0.096.
 
 ## Paper claims
 
-| claim (paper) | ours | verdict |
-| --- | --- | --- |
-| cumulative advantage peaks at accuracy 0.5 | peak at 0.5 (mean-only advantage) | reproduced |
-| naively larger N gives no pass@64 gain | grpo-n16: +0.004 [-0.038, +0.044] | inconclusive |
-| DARS improves pass@64 | dars-et: +0.030 [+0.008, +0.052] | reproduced |
-| DARS-B improves pass@1 | +0.057 [+0.044, +0.072] | reproduced |
-| DARS-B improves pass@64 | +0.074 [+0.052, +0.095] | reproduced |
+Final-evaluation values, 4 seeds per arm against grpo-n8; one Holm family. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key).
 
-Rules: an improvement is reproduced when its 95% interval lies above 0, not reproduced when below, inconclusive otherwise; "no gain" is not reproduced only when the gain's interval lies above 0. The peak claim holds when the curve's maximum is within one accuracy level (1/N) of 0.5.
+| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
+| --- | --- | --- | --- | --- | --- | --- |
+| naively larger N gives no pass@64 gain | grpo-n16: +0.004 [-0.046, +0.054] | 0.268 (0.268) | 0.857 | 4 vs 4 | 0.082 | inconclusive |
+| DARS improves pass@64 | dars-et: +0.030 [-0.004, +0.064] | 0.0374 (0.0747) | 0.0286 | 4 vs 4 | 0.045 | inconclusive |
+| DARS-B improves pass@1 | dars-b: +0.057 [+0.036, +0.078] | 0.00037 (0.00148) | 0.0143 | 4 vs 4 | 0.029 | reproduced |
+| DARS-B improves pass@64 | dars-b: +0.074 [+0.040, +0.107] | 0.00142 (0.00426) | 0.0143 | 4 vs 4 | 0.043 | reproduced |
+
+Rules (``experiments/harness.py``): an improvement is reproduced when the Holm-adjusted one-sided Welch p is <= 0.05 and its 95% Welch interval lies above 0, not reproduced when the interval lies below 0, inconclusive otherwise; the permutation p (one-sided, not adjusted) is reported beside it. "No gain" is an equivalence claim with margin 0.02: reproduced when TOST rejects (Holm-adjusted), not reproduced when the 90% interval lies outside the margin. Min. detectable: the difference 80% power would find at these seeds and the arms' pooled SD.
+
+Sanity check (holds by algebra, not a reproduction): the mean-only cumulative advantage peaks at accuracy 0.5: peak at 0.5, holds.
 
 (end of generated results)
 """
@@ -56,8 +59,8 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from experiments import rl_seeds
-from experiments.averaging.report import ci, fmt, verdict
+from experiments import harness, rl_seeds
+from experiments.averaging.report import fmt
 from rlpost import objectives as O
 from rlpost.train import rl
 
@@ -75,6 +78,28 @@ class Sizes:
   hardest: int = 4  # difficulty bucket reported separately
   curve_prompts: int = 400  # cumulative-advantage analysis on the SFT policy
   base: dict = dataclasses.field(default_factory=dict)
+
+
+# The smallest pass@k difference of interest: the margin of the equivalence claim ("no gain")
+# and the effect the seed count is judged against. Declared with the switch to the statistics
+# protocol (README "Verdict history"), after the committed run.
+MIN_EFFECT = 0.02
+
+
+def claims(sz: Sizes) -> list[harness.Claim]:
+  """The paper's claims about trained arms, as data (one Holm family)."""
+  kmax, base = max(_ks(sz)), f"grpo-n{sz.n}"
+  return [
+      harness.Claim("naive_n_no_passk_gain", f"naively larger N gives no pass@{kmax} gain",
+                    f"pass@{kmax}", (f"grpo-n{2 * sz.n}", base), "equivalent", MIN_EFFECT,
+                    "dars"),
+      harness.Claim("dars_improves_passk", f"DARS improves pass@{kmax}", f"pass@{kmax}",
+                    ("dars-et", base), family="dars"),
+      harness.Claim("dars_b_improves_pass1", "DARS-B improves pass@1", "pass@1",
+                    ("dars-b", base), family="dars"),
+      harness.Claim("dars_b_improves_passk", f"DARS-B improves pass@{kmax}", f"pass@{kmax}",
+                    ("dars-b", base), family="dars"),
+  ]
 
 
 def sizes(quick: bool) -> Sizes:
@@ -163,20 +188,32 @@ def run(args) -> dict:
     curve = cumulative_advantage_curve(rl.make_train(cfgs[f"grpo-n{sz.n}"], log=lambda s: None), sz)
     with open(curve_path, "w") as f:
       json.dump(curve, f)
-  summary = summarize(results, curve, sz)
   command = "python scripts/reproduce.py dars" + (" --quick" if args.quick else "") + (
       f" --seeds {args.seeds}" if args.seeds else "")
   report = {"command": command, "sizes": dataclasses.asdict(sz), "configs": cfgs,
-            "seconds": time.perf_counter() - t0, "summary": summary, "curve": curve,
-            "arms": results}
-  with open(os.path.join(args.out, "results.json"), "w") as f:
+            "seconds": time.perf_counter() - t0, "curve": curve, "arms": results}
+  return write(report, args.out)
+
+
+def write(report: dict, out_dir: str) -> dict:
+  """Judge the claims of a report (its per-seed results), then write results.json, table.md and
+  the plots into ``out_dir``."""
+  sz = Sizes(**report["sizes"])
+  report["summary"] = summarize(report["arms"], report["curve"], sz)
+  with open(os.path.join(out_dir, "results.json"), "w") as f:
     json.dump(report, f, indent=1, default=float)
-  table = render(summary, curve, sz, report)
-  with open(os.path.join(args.out, "table.md"), "w") as f:
+  table = render(report["summary"], report["curve"], sz, report)
+  with open(os.path.join(out_dir, "table.md"), "w") as f:
     f.write(table)
-  plot(summary, curve, sz, args.out)
+  plot(report["summary"], report["curve"], sz, out_dir)
   print(table)
   return report
+
+
+def rejudge(out_dir: str) -> dict:
+  """Re-judge the committed results in ``out_dir`` (no training)."""
+  with open(os.path.join(out_dir, "results.json")) as f:
+    return write(json.load(f), out_dir)
 
 
 def _ks(sz: Sizes) -> list[int]:
@@ -190,35 +227,29 @@ def summarize(results: dict, curve: dict, sz: Sizes) -> dict:
   s = {"ks": ks, "keys": keys, "cells": {}, "vs_base": {}, "rescued": {}}
   first = results[base_name]["evals"][0]["per_seed"]
   s["start"] = {k: float(np.mean([e[k] for e in first])) for k in keys}
+  final = {k: {name: rl_seeds.final_metric(arm, k) for name, arm in results.items()}
+           for k in keys}
   for name, arm in results.items():
-    s["cells"][name] = {k: ci(rl_seeds.final_metric(arm, k)) for k in keys}
+    s["cells"][name] = {k: harness.cell(final[k][name]) for k in keys}
     if name != base_name:
-      s["vs_base"][name] = {k: rl_seeds.diff_ci_unpaired(rl_seeds.final_metric(arm, k),
-                                                         rl_seeds.final_metric(results[base_name], k))
+      s["vs_base"][name] = {k: harness.diff_cell(final[k][name], final[k][base_name])
                             for k in keys}
     tr = arm["train"]
     if "dars_rescued" in tr:
       s["rescued"][name] = {"all_wrong_per_step": float(np.mean(tr["dars_all_wrong_stage1"])),
                             "rescued_per_step": float(np.mean(tr["dars_rescued"]))}
-  kmax = max(ks)
-  big = f"grpo-n{2 * sz.n}"
   acc = np.asarray(curve["accuracy"])
   dr = np.asarray(curve["dr_grpo"], np.float64)
   peak = float(acc[np.nanargmax(dr)]) if np.any(np.isfinite(dr)) else float("nan")
   s["curve_peak_accuracy"] = peak
-  s["verdicts"] = {
-      "cumulative_advantage_peaks_at_half": (
-          "inconclusive" if np.sum(np.isfinite(dr)) < 3  # too few accuracy levels observed
-          else "reproduced" if abs(peak - 0.5) <= 1 / sz.n else "not reproduced"),
-      # "naive N brings no pass@K gain": reproduced unless its pass@K is clearly higher.
-      "naive_n_no_passk_gain": {"reproduced": "not reproduced", "not reproduced": "reproduced",
-                                "inconclusive": "inconclusive"}[
-          verdict(s["vs_base"][big][f"pass@{kmax}"])] if s["vs_base"][big][f"pass@{kmax}"]["n"] >= 2
-      else "inconclusive",
-      "dars_improves_passk": verdict(s["vs_base"]["dars-et"][f"pass@{kmax}"]),
-      "dars_b_improves_pass1": verdict(s["vs_base"]["dars-b"]["pass@1"]),
-      "dars_b_improves_passk": verdict(s["vs_base"]["dars-b"][f"pass@{kmax}"]),
-  }
+  judged = harness.judge_family(claims(sz), final)
+  s["claims"] = [v.to_json() for v in judged]
+  s["verdicts"] = {v.claim.id: v.verdict for v in judged}
+  # A sanity check, not a claim: with A = r - mean and binary rewards the cumulative |A| of a
+  # group of accuracy a is 2 N a (1 - a), which peaks at a = 0.5 by algebra.
+  s["sanity"] = {"cumulative_advantage_peaks_at_half": (
+      "inconclusive" if np.sum(np.isfinite(dr)) < 3  # too few accuracy levels observed
+      else "holds" if abs(peak - 0.5) <= 1 / sz.n else "fails")}
   return s
 
 
@@ -229,7 +260,7 @@ def render(s: dict, curve: dict, sz: Sizes, report: dict) -> str:
   lines = ["# DARS / DARS-B at CPU scale", "",
            f"`{report['command']}`: {sz.seeds} seeds per arm; pass@k from {sz.eval_problems} test "
            f"problems x {sz.eval_samples} samples; {report['seconds'] / 60:.1f} min on this machine. "
-           "Cells: mean [95% bootstrap CI over seeds]. SFT start: "
+           "Cells: mean [95% t interval over seeds]; differences: Welch intervals. SFT start: "
            + ", ".join(f"{h} {s['start'][k]:.3f}" for h, k in zip(head, keys)) + ".", "",
            "## Final test pass@k", "", "| arm | " + " | ".join(head) + " |",
            "| --- | " + " | ".join("---" for _ in keys) + " |"]
@@ -249,22 +280,24 @@ def render(s: dict, curve: dict, sz: Sizes, report: dict) -> str:
             "| groups | " + " | ".join(str(g) for g in curve["groups"]) + " |",
             "| sum abs(A), mean only | " + " | ".join(f"{v:.2f}" for v in curve["dr_grpo"]) + " |",
             "| sum abs(A), mean and std | " + " | ".join(f"{v:.2f}" for v in curve["grpo"]) + " |"]
-  v = s["verdicts"]
-  lines += ["", "## Paper claims", "", "| claim (paper) | ours | verdict |", "| --- | --- | --- |",
-            f"| cumulative advantage peaks at accuracy 0.5 | peak at {s['curve_peak_accuracy']:.3g} "
-            f"(mean-only advantage) | {v['cumulative_advantage_peaks_at_half']} |",
-            f"| naively larger N gives no pass@{kmax} gain | grpo-n{2 * sz.n}: "
-            f"{fmt(s['vs_base'][f'grpo-n{2 * sz.n}'][f'pass@{kmax}'])} | {v['naive_n_no_passk_gain']} |",
-            f"| DARS improves pass@{kmax} | dars-et: {fmt(s['vs_base']['dars-et'][f'pass@{kmax}'])} | "
-            f"{v['dars_improves_passk']} |",
-            f"| DARS-B improves pass@1 | {fmt(s['vs_base']['dars-b']['pass@1'])} | "
-            f"{v['dars_b_improves_pass1']} |",
-            f"| DARS-B improves pass@{kmax} | {fmt(s['vs_base']['dars-b'][f'pass@{kmax}'])} | "
-            f"{v['dars_b_improves_passk']} |", "",
-            "Rules: an improvement is reproduced when its 95% interval lies above 0, not reproduced "
-            "when below, inconclusive otherwise; \"no gain\" is not reproduced only when the gain's "
-            "interval lies above 0. The peak claim holds when the curve's maximum is within one "
-            "accuracy level (1/N) of 0.5.", ""]
+  judged = s["claims"]
+  lines += ["", "## Paper claims", "",
+            f"Final-evaluation values, {sz.seeds} seeds per arm against grpo-n{sz.n}; one Holm "
+            "family. Intervals exclude problem-sampling error (every arm is evaluated on the same "
+            "fixed test problems with the same evaluation key).", "",
+            *harness.verdict_rows(judged)]
+  lines += ["",
+            "Rules (``experiments/harness.py``): an improvement is reproduced when the "
+            "Holm-adjusted one-sided Welch p is <= 0.05 and its 95% Welch interval lies above 0, "
+            "not reproduced when the interval lies below 0, inconclusive otherwise; the "
+            "permutation p (one-sided, not adjusted) is reported beside it. \"No gain\" is an "
+            f"equivalence claim with margin {MIN_EFFECT}: reproduced when TOST rejects "
+            "(Holm-adjusted), not reproduced when the 90% interval lies outside the margin. "
+            "Min. detectable: the difference 80% power would find at these seeds and the arms' "
+            "pooled SD.", "",
+            "Sanity check (holds by algebra, not a reproduction): the mean-only cumulative "
+            f"advantage peaks at accuracy 0.5: peak at {s['curve_peak_accuracy']:.3g}, "
+            f"{s['sanity']['cumulative_advantage_peaks_at_half']}.", ""]
   return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ def test_docstring_block_matches_results_table(name):
   block = docsync.results_block(name)
   assert block in doc, (f"experiments/{name}/__init__.py is out of date with "
                         f"results/{name}/table.md: run scripts/reproduce.py {name} --sync-docs")
-  assert "| claim (paper) | ours | verdict |" in block
+  assert "| claim (paper) | ours" in block and "| verdict |" in block
 
 
 @pytest.mark.parametrize("name", reproduce.DOC_SYNCED)
