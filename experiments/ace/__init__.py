@@ -22,19 +22,21 @@ Outputs in ``--out`` (default ``results/ace``): ``table.md``, ``results.json``, 
 
 Results on this CPU (generated from results/ace/table.md; do not edit by hand):
 
-`python scripts/reproduce.py ace`: 10 seeds per arm, 200 RL steps, G=8; pass@k from 200 test problems x 64 samples; 37.2 min on this machine. Cells: mean [95% bootstrap CI over seeds]. SFT start: pass@1 0.356, pass@2 0.439, pass@4 0.510, pass@8 0.577, pass@16 0.636, pass@32 0.685, pass@64 0.730, token entropy 0.755.
+`python scripts/reproduce.py ace`: 10 seeds per arm, 200 RL steps, G=8; pass@k from 200 test problems x 64 samples; 37.2 min on this machine. Cells: mean [95% t interval over seeds]; differences: Welch intervals. SFT start: pass@1 0.356, pass@2 0.439, pass@4 0.510, pass@8 0.577, pass@16 0.636, pass@32 0.685, pass@64 0.730, token entropy 0.755.
 
 ## Paper claims (main arm, pre-declared: ace-softplus-mul-0.5)
 
-| claim (paper) | ours | verdict |
-| --- | --- | --- |
-| pass@k gains grow with k | (pass@64 - pass@1) ACE minus GRPO: +0.004 [-0.010, +0.020] | inconclusive |
-| pass@64 improves | +0.008 [-0.008, +0.024] | inconclusive |
-| pass@1 holds (no loss beyond 1 point) | +0.004 [-0.011, +0.019] | inconclusive |
-| fewer overconfident errors | -0.002 [-0.014, +0.009] | inconclusive |
-| slower entropy collapse (higher final token entropy) | +0.004 [-0.006, +0.013] | inconclusive |
+ace-softplus-mul-0.5 against grpo, 10 seeds per arm; one Holm family of 5 claims. pass@k and token entropy at the final evaluation, overconfident errors averaged over the second half of training (the metrics declared with the run). Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key). The other arms (the alpha sweep and the variants) are described above, not judged.
 
-Rules: reproduced when the 95% interval lies on the claimed side of 0 (for pass@1: above -0.01), not reproduced when on the other side, inconclusive otherwise.
+| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
+| --- | --- | --- | --- | --- | --- | --- |
+| pass@k gains grow with k (per seed: pass@64 - pass@1) | ace-softplus-mul-0.5: +0.004 [-0.013, +0.022] | 0.306 (0.915) | 0.303 | 10 vs 10 | 0.025 | inconclusive |
+| pass@64 improves | ace-softplus-mul-0.5: +0.008 [-0.010, +0.026] | 0.179 (0.896) | 0.194 | 10 vs 10 | 0.025 | inconclusive |
+| pass@1 holds (within 0.01) | ace-softplus-mul-0.5: +0.004 [-0.011, +0.018] | 0.229 (0.915) | 0.663 | 10 vs 10 | 0.024 | inconclusive |
+| fewer overconfident errors | ace-softplus-mul-0.5: -0.002 [-0.015, +0.011] | 0.369 (0.915) | 0.365 | 10 vs 10 | 0.019 | inconclusive |
+| slower entropy collapse (higher final token entropy) | ace-softplus-mul-0.5: +0.004 [-0.007, +0.015] | 0.232 (0.915) | 0.224 | 10 vs 10 | 0.016 | inconclusive |
+
+Rules (``experiments/harness.py``): a directional claim is reproduced when the Holm-adjusted one-sided Welch p is <= 0.05 and its 95% Welch interval lies on the claimed side of 0, not reproduced when the interval lies on the other side, inconclusive otherwise; the permutation p (one-sided, not adjusted; two-sided for the equivalence claim) is reported beside it. "pass@k gains grow with k" is judged on each seed's pass@64 - pass@1: the arms are unpaired, so ACE minus GRPO of its means is the gain at k = 64 minus the gain at k = 1. "pass@1 holds" is an equivalence claim with margin 0.01: reproduced when TOST rejects (Holm-adjusted), not reproduced when the 90% interval lies outside the margin. Min. detectable: the difference 80% power would find at these seeds and the arms' pooled SD.
 
 (end of generated results)
 """
@@ -49,10 +51,14 @@ import time
 import numpy as np
 from tqdm.auto import tqdm
 
-from experiments import rl_seeds
-from experiments.averaging.report import ci, fmt, verdict
+from experiments import harness, rl_seeds
+from experiments.averaging.report import fmt
 
 MAIN = "ace-softplus-mul-0.5"
+
+# "pass@1 holds": the largest pass@1 difference (either way) that counts as holding, the one point
+# of the claim as first stated ("no loss beyond 1 point"); the margin of its equivalence test.
+PASS1_MARGIN = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +72,35 @@ class Sizes:
   eval_problems: int = 200
   eval_samples: int = 64
   base: dict = dataclasses.field(default_factory=lambda: dict(num_prompts=8))
+
+
+def _gain_growth_metric(kmax: int) -> str:
+  return f"pass@{kmax} - pass@1"
+
+
+def claims(sz: Sizes) -> list[harness.Claim]:
+  """The paper's claims about the pre-declared main arm against GRPO, as data (one Holm family).
+
+  "Gains grow with k" compares two gains, at k = kmax and at k = 1. Arms are unpaired, so it is
+  judged on a per-seed derived metric, pass@kmax - pass@1: the difference of its arm means,
+  ACE minus GRPO, is the gain at kmax minus the gain at 1.
+  """
+  kmax = max(_ks(sz))
+  pair = (f"ace-softplus-mul-{sz.main_alpha}", "grpo")
+  return [
+      harness.Claim("passk_gain_grows_with_k",
+                    f"pass@k gains grow with k (per seed: pass@{kmax} - pass@1)",
+                    _gain_growth_metric(kmax), pair, family="ace"),
+      harness.Claim("pass_at_kmax_improves", f"pass@{kmax} improves", f"pass@{kmax}", pair,
+                    family="ace"),
+      harness.Claim("pass1_holds", f"pass@1 holds (within {PASS1_MARGIN:g})", "pass@1", pair,
+                    "equivalent", PASS1_MARGIN, "ace"),
+      harness.Claim("fewer_overconfident_errors", "fewer overconfident errors",
+                    "overconfident_errors", pair, "less", family="ace"),
+      harness.Claim("slower_entropy_collapse",
+                    "slower entropy collapse (higher final token entropy)", "token_entropy", pair,
+                    family="ace"),
+  ]
 
 
 def sizes(quick: bool) -> Sizes:
@@ -118,27 +153,36 @@ def run(args) -> dict:
     results[name] = rl_seeds.run_arm(arm_config(base, kw), seeds,
                                      cache_dir=os.path.join(args.out, "cache"), on_step=bar.update)
   bar.close()
-  summary = summarize(results, sz)
   command = "python scripts/reproduce.py ace" + (" --quick" if args.quick else "") + (
       f" --seeds {args.seeds}" if args.seeds else "")
   report = {"command": command, "sizes": dataclasses.asdict(sz), "base_config": base,
-            "seconds": time.perf_counter() - t0, "summary": summary, "arms": results}
-  with open(os.path.join(args.out, "results.json"), "w") as f:
+            "seconds": time.perf_counter() - t0, "arms": results}
+  return write(report, args.out)
+
+
+def write(report: dict, out_dir: str) -> dict:
+  """Judge the claims of a report (its per-seed results), then write results.json, table.md and
+  the plots into ``out_dir``."""
+  sz = Sizes(**dict(report["sizes"], alphas=tuple(report["sizes"]["alphas"])))
+  report["summary"] = summarize(report["arms"], sz)
+  with open(os.path.join(out_dir, "results.json"), "w") as f:
     json.dump(report, f, indent=1, default=float)
-  table = render(summary, sz, report)
-  with open(os.path.join(args.out, "table.md"), "w") as f:
+  table = render(report["summary"], sz, report)
+  with open(os.path.join(out_dir, "table.md"), "w") as f:
     f.write(table)
-  plot(results, summary, sz, args.out)
+  plot(report["arms"], report["summary"], sz, out_dir)
   print(table)
   return report
 
 
+def rejudge(out_dir: str) -> dict:
+  """Re-judge the committed results in ``out_dir`` (no training)."""
+  with open(os.path.join(out_dir, "results.json")) as f:
+    return write(json.load(f), out_dir)
+
+
 def _ks(sz: Sizes) -> list[int]:
   return [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= sz.eval_samples]
-
-
-def _final(arm: dict, key: str) -> np.ndarray:
-  return rl_seeds.final_metric(arm, key)
 
 
 def _train_mean(arm: dict, key: str) -> np.ndarray:
@@ -147,42 +191,36 @@ def _train_mean(arm: dict, key: str) -> np.ndarray:
   return v[len(v) // 2:].mean(axis=0)
 
 
+def per_seed(results: dict, sz: Sizes) -> dict:
+  """{metric: {arm: [S] per-seed values}}, the pre-declared metrics: pass@k and token entropy at
+  the final evaluation, overconfident errors averaged over the second half of training, and the
+  derived pass@kmax - pass@1 of the final evaluation."""
+  ks, kmax = _ks(sz), max(_ks(sz))
+  out = {key: {n: rl_seeds.final_metric(arm, key) for n, arm in results.items()}
+         for key in [f"pass@{k}" for k in ks] + ["token_entropy"]}
+  out["overconfident_errors"] = {n: _train_mean(arm, "overconfident_errors")
+                                 for n, arm in results.items()}
+  out[_gain_growth_metric(kmax)] = {n: out[f"pass@{kmax}"][n] - out["pass@1"][n] for n in results}
+  return out
+
+
 def summarize(results: dict, sz: Sizes) -> dict:
   ks = _ks(sz)
-  main = f"ace-softplus-mul-{sz.main_alpha}"
+  cols = [f"pass@{k}" for k in ks] + ["token_entropy", "overconfident_errors"]
   s = {"ks": ks, "cells": {}, "gain": {}, "start": {}}
   first = results["grpo"]["evals"][0]["per_seed"]
-  for k in ks:
-    s["start"][f"pass@{k}"] = float(np.mean([e[f"pass@{k}"] for e in first]))
-  s["start"]["token_entropy"] = float(np.mean([e["token_entropy"] for e in first]))
-  for name, arm in results.items():
-    cell = {f"pass@{k}": ci(_final(arm, f"pass@{k}")) for k in ks}
-    cell["token_entropy"] = ci(_final(arm, "token_entropy"))
-    cell["overconfident_errors"] = ci(_train_mean(arm, "overconfident_errors"))
-    s["cells"][name] = cell
+  for key in [f"pass@{k}" for k in ks] + ["token_entropy"]:
+    s["start"][key] = float(np.mean([e[key] for e in first]))
+  values = per_seed(results, sz)
+  for name in results:
+    s["cells"][name] = {key: harness.cell(values[key][name]) for key in cols}
     if name != "grpo":
-      s["gain"][name] = {
-          key: rl_seeds.diff_ci_unpaired(_final(arm, key), _final(results["grpo"], key))
-          for key in [f"pass@{k}" for k in ks] + ["token_entropy"]}
-      s["gain"][name]["overconfident_errors"] = rl_seeds.diff_ci_unpaired(
-          _train_mean(arm, "overconfident_errors"), _train_mean(results["grpo"], "overconfident_errors"))
-  g = s["gain"][main]
-  kmax = max(ks)
-  # Does the gain grow with k? The per-seed difference of gains is not paired across arms,
-  # so compare pass@kmax - pass@1 per seed between the arms.
-  spread = lambda arm: _final(arm, f"pass@{kmax}") - _final(arm, "pass@1")
-  s["gain_growth"] = rl_seeds.diff_ci_unpaired(spread(results[main]), spread(results["grpo"]))
-  neg = lambda c: dict(c, mean=-c["mean"], lo=-c["hi"], hi=-c["lo"])
-  s["verdicts"] = {
-      "passk_gain_grows_with_k": verdict(s["gain_growth"]),
-      "pass_at_kmax_improves": verdict(g[f"pass@{kmax}"]),
-      "pass1_holds": ("reproduced" if g["pass@1"]["lo"] > -0.01 else
-                      "not reproduced" if g["pass@1"]["hi"] < -0.01 else "inconclusive")
-      if g["pass@1"]["n"] >= 2 else "inconclusive",
-      "fewer_overconfident_errors": verdict(neg(g["overconfident_errors"])),
-      "slower_entropy_collapse": verdict(g["token_entropy"]),
-  }
-  s["main"] = main
+      s["gain"][name] = {key: harness.diff_cell(values[key][name], values[key]["grpo"])
+                         for key in cols}
+  judged = harness.judge_family(claims(sz), values)
+  s["claims"] = [v.to_json() for v in judged]
+  s["verdicts"] = {v.claim.id: v.verdict for v in judged}
+  s["main"] = f"ace-softplus-mul-{sz.main_alpha}"
   return s
 
 
@@ -192,8 +230,9 @@ def render(s: dict, sz: Sizes, report: dict) -> str:
   lines = ["# ACE at CPU scale", "",
            f"`{report['command']}`: {sz.seeds} seeds per arm, {sz.steps} RL steps, G={sz.group_size}; "
            f"pass@k from {sz.eval_problems} test problems x {sz.eval_samples} samples; "
-           f"{report['seconds'] / 60:.1f} min on this machine. Cells: mean [95% bootstrap CI over "
-           "seeds]. SFT start: " + ", ".join(f"pass@{k} {s['start'][f'pass@{k}']:.3f}" for k in ks)
+           f"{report['seconds'] / 60:.1f} min on this machine. Cells: mean [95% t interval over "
+           "seeds]; differences: Welch intervals. SFT start: "
+           + ", ".join(f"pass@{k} {s['start'][f'pass@{k}']:.3f}" for k in ks)
            + f", token entropy {s['start']['token_entropy']:.3f}.", "",
            "## Final test pass@k", "",
            "| arm | " + " | ".join(f"pass@{k}" for k in ks) + " | token entropy | overconfident errors (2nd half) |",
@@ -208,19 +247,27 @@ def render(s: dict, sz: Sizes, report: dict) -> str:
   for n, g in s["gain"].items():
     lines.append(f"| {n} | " + " | ".join(fmt(g[f"pass@{k}"]) for k in ks)
                  + f" | {fmt(g['token_entropy'])} | {fmt(g['overconfident_errors'])} |")
-  v, g, kmax = s["verdicts"], s["gain"][s["main"]], max(ks)
+  kmax = max(ks)
   lines += ["", f"## Paper claims (main arm, pre-declared: {s['main']})", "",
-            "| claim (paper) | ours | verdict |", "| --- | --- | --- |",
-            f"| pass@k gains grow with k | (pass@{kmax} - pass@1) ACE minus GRPO: "
-            f"{fmt(s['gain_growth'])} | {v['passk_gain_grows_with_k']} |",
-            f"| pass@{kmax} improves | {fmt(g[f'pass@{kmax}'])} | {v['pass_at_kmax_improves']} |",
-            f"| pass@1 holds (no loss beyond 1 point) | {fmt(g['pass@1'])} | {v['pass1_holds']} |",
-            f"| fewer overconfident errors | {fmt(g['overconfident_errors'])} | "
-            f"{v['fewer_overconfident_errors']} |",
-            f"| slower entropy collapse (higher final token entropy) | {fmt(g['token_entropy'])} | "
-            f"{v['slower_entropy_collapse']} |", "",
-            "Rules: reproduced when the 95% interval lies on the claimed side of 0 (for pass@1: "
-            "above -0.01), not reproduced when on the other side, inconclusive otherwise.", ""]
+            f"{s['main']} against grpo, {sz.seeds} seeds per arm; one Holm family of "
+            f"{len(s['claims'])} claims. pass@k and token entropy at the final evaluation, "
+            "overconfident errors averaged over the second half of training (the metrics "
+            "declared with the run). Intervals exclude problem-sampling error (every arm is "
+            "evaluated on the same fixed test problems with the same evaluation key). The "
+            "other arms (the alpha sweep and the variants) are described above, not judged.", "",
+            *harness.verdict_rows(s["claims"])]
+  lines += ["",
+            "Rules (``experiments/harness.py``): a directional claim is reproduced when the "
+            "Holm-adjusted one-sided Welch p is <= 0.05 and its 95% Welch interval lies on the "
+            "claimed side of 0, not reproduced when the interval lies on the other side, "
+            "inconclusive otherwise; the permutation p (one-sided, not adjusted; two-sided for "
+            "the equivalence claim) is reported beside it. \"pass@k gains grow with k\" is "
+            f"judged on each seed's pass@{kmax} - pass@1: the arms are unpaired, so ACE minus "
+            f"GRPO of its means is the gain at k = {kmax} minus the gain at k = 1. \"pass@1 "
+            f"holds\" is an equivalence claim with margin {PASS1_MARGIN:g}: reproduced when TOST "
+            "rejects (Holm-adjusted), not reproduced when the 90% interval lies outside the "
+            "margin. Min. detectable: the difference 80% power would find at these seeds and the "
+            "arms' pooled SD.", ""]
   return "\n".join(lines)
 
 

@@ -28,7 +28,34 @@ def test_reproduce_ace_quick(tmp_path):
   s = res["summary"]
   assert s["ks"] == [1, 2, 4, 8] and s["main"] == "ace-softplus-mul-0.5"
   assert set(s["verdicts"].values()) <= {"reproduced", "not reproduced", "inconclusive"}
+  assert [c["claim"]["id"] for c in s["claims"]] == list(s["verdicts"])
+  assert all(c["claim"]["arms"] == [ace.MAIN, "grpo"] and c["claim"]["family"] == "ace"
+             for c in s["claims"])
+  pass1 = next(c for c in s["claims"] if c["claim"]["id"] == "pass1_holds")
+  assert pass1["claim"]["direction"] == "equivalent"
+  assert pass1["claim"]["margin"] == ace.PASS1_MARGIN
   for arm in res["arms"].values():
     assert arm["compilations"] == 1
     assert len(arm["train"]["overconfident_errors"]) == res["sizes"]["steps"]
   assert "## Paper claims" in (out / "table.md").read_text()
+  table = (out / "table.md").read_text()
+  before = json.loads((out / "results.json").read_text())
+  ace.rejudge(str(out))
+  after = json.loads((out / "results.json").read_text())
+  assert after == before and (out / "table.md").read_text() == table
+
+
+def test_gain_growth_is_a_per_seed_difference():
+  sz = ace.Sizes(eval_samples=8)
+  keys = [f"pass@{k}" for k in (1, 2, 4, 8)] + ["token_entropy"]
+
+  def arm(p1, p8):
+    per_seed = [dict({k: 0.5 for k in keys}, **{"pass@1": a, "pass@8": b}) for a, b in zip(p1, p8)]
+    return {"evals": [{"per_seed": per_seed}], "train": {"overconfident_errors": [[0.0, 0.0]]}}
+
+  results = {"grpo": arm([0.3, 0.4], [0.5, 0.7]), ace.MAIN: arm([0.3, 0.5], [0.6, 0.9])}
+  claim = {c.id: c for c in ace.claims(sz)}["passk_gain_grows_with_k"]
+  assert claim.metric == "pass@8 - pass@1" and claim.arms == (ace.MAIN, "grpo")
+  growth = ace.per_seed(results, sz)[claim.metric]
+  assert {n: [round(x, 9) for x in v] for n, v in growth.items()} == {
+      "grpo": [0.2, 0.3], ace.MAIN: [0.3, 0.4]}
