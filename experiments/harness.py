@@ -14,6 +14,9 @@ margin, and the family (the claims of one paper) whose p-values are Holm-adjuste
   at ``alpha`` (Holm-adjusted); *not reproduced* when the interval lies wholly outside (-margin, +margin);
   *inconclusive* otherwise.
 
+A claim about pooled rates rather than per-seed values (e.g. "fewer opposite-sign advantages",
+counted over many rollouts) is judged by ``judge_proportions``: a two-proportion z-test.
+
 Each verdict carries the minimum detectable effect of the run (80% power at the arms' pooled SD
 and seed count), to report what an inconclusive claim could have detected.
 """
@@ -25,6 +28,7 @@ import math
 from typing import Mapping, Sequence
 
 import numpy as np
+from scipy.stats import norm as normal
 
 from rlpost.eval import stats
 
@@ -149,6 +153,44 @@ def judge_family(claims: Sequence[Claim], values: Mapping[str, Mapping[str, Sequ
     out.append(Verdict(c, float(diff), float(lo), float(hi), float(p), p_holm, float(p_perm),
                        _decide(c, lo, hi, p_holm, alpha), (len(a), len(b)), float(mde), method))
   return out
+
+
+def judge_proportions(claim: Claim, rates: Mapping[str, tuple[float, int]], *,
+                      level: float = 0.95) -> dict:
+  """The verdict of a directional ``claim`` about two pooled rates; ``rates[arm]`` is (rate,
+  count of trials).
+
+  The unpooled two-proportion z statistic z = (p_a - p_b - shift) / se, with se =
+  sqrt(p_a (1 - p_a) / n_a + p_b (1 - p_b) / n_b) and shift the signed margin, gives a one-sided
+  p-value and the Wald interval of p_a - p_b at ``level``; the verdict follows the rules of a
+  directional claim in ``judge_family`` (not Holm-adjusted; inconclusive when an arm has no
+  trials). It treats every trial as independent, so where trials share a source (rollouts of one
+  prompt) the test is lenient.
+  Returns a JSON-ready dict: claim, diff, lo, hi, z, p, verdict, n and method.
+  """
+  if claim.direction == "equivalent":
+    raise ValueError(f"claim {claim.id!r}: judge_proportions takes a directional claim")
+  try:
+    (pa, na), (pb, nb) = (rates[arm] for arm in claim.arms)
+  except KeyError as e:
+    raise KeyError(f"claim {claim.id!r}: no rate for {e}") from None
+  if min(na, nb) < 0 or not all(0.0 <= x <= 1.0 for x in (pa, pb)):
+    raise ValueError(f"claim {claim.id!r}: rates must lie in [0, 1] over >= 0 trials, got "
+                     f"{pa} of {na} and {pb} of {nb}")
+  diff = pa - pb
+  se = (math.sqrt(pa * (1 - pa) / na + pb * (1 - pb) / nb) if min(na, nb) > 0
+        else float("nan"))  # an arm without trials: no interval
+  half = normal.ppf(0.5 + level / 2) * se
+  shift = claim.margin if claim.direction == "greater" else -claim.margin
+  if not se > 0:
+    z, p = float("nan"), 1.0  # no trials or no spread: nothing to reject
+  else:
+    z = (diff - shift) / se
+    p = float(normal.sf(z) if claim.direction == "greater" else normal.cdf(z))
+  lo, hi = float(diff - half), float(diff + half)
+  return {"claim": dataclasses.asdict(claim), "diff": diff, "lo": lo, "hi": hi, "z": z, "p": p,
+          "verdict": _decide(claim, lo, hi, p, round(1.0 - level, 12)), "n": (int(na), int(nb)),
+          "method": "two-proportion z-test (unpooled), trials treated as independent"}
 
 
 def verdict_rows(verdicts: Sequence[Verdict], digits: int = 3) -> list[str]:

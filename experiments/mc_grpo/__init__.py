@@ -24,19 +24,26 @@ Outputs in ``--out`` (default ``results/mc_grpo``): ``table.md``, ``results.json
 
 Results on this CPU (generated from results/mc_grpo/table.md; do not edit by hand):
 
-`python scripts/reproduce.py mc_grpo`: 6 seeds per arm, 250 RL steps, test pass@1 from 300 problems x 16 samples (SFT start: 0.368); 39.7 min of training and evaluation over all arms on this machine (this invocation 0.0 min; cached arms are not rerun). Cells: mean [95% bootstrap CI over seeds].
+`python scripts/reproduce.py mc_grpo`: 6 seeds per arm, 250 RL steps, test pass@1 from 300 problems x 16 samples (SFT start: 0.368); 39.7 min of training and evaluation over all arms on this machine (this invocation 0.0 min; cached arms are not rerun). Cells: mean [95% t interval over seeds]; differences: Welch intervals.
 
 ## Paper claims
 
-| claim (paper) | ours | verdict |
-| --- | --- | --- |
-| median closes the G=2 to G=8 gap to within 1% | gap +0.048 [+0.027, +0.071] (mean baseline: +0.041 [+0.017, +0.067]) | not reproduced |
-| median beats the mean baseline at small G | G=2: -0.009 [-0.032, +0.014] | inconclusive |
-| ... and the same-compute mean ablation | G=2: -0.049 [-0.068, -0.031] | not reproduced |
-| the median gives fewer opposite-sign advantages (graded reward) | G=2: 0.007 vs 0.036 | reproduced |
-| injected sign flips reduce accuracy | p=0.3: -0.077 [-0.105, -0.046] | reproduced |
+Final-evaluation pass@1, 6 seeds per arm; the four claims on trained arms are one Holm family. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key).
 
-Rules: an effect is reproduced when its 95% interval lies on the claimed side of 0, not reproduced when it lies on the other side, inconclusive otherwise; the gap claim needs the whole interval inside [-0.01, 0.01]. With 0/1 rewards no baseline can give an opposite sign (only zero), so the mechanism is judged on the graded reward.
+| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
+| --- | --- | --- | --- | --- | --- | --- |
+| median closes the G=2 to G=8 gap to within 1% | G8-median: +0.048 [+0.026, +0.071] | 0.994 (1) | 0.00216 | 6 vs 6 | 0.038 | not reproduced |
+| median beats the mean baseline at G=2 | G2-median: -0.009 [-0.038, +0.019] | 0.759 (1) | 0.767 | 6 vs 6 | 0.040 | inconclusive |
+| median beats the same-compute mean ablation at G=2 | G2-median: -0.049 [-0.073, -0.024] | 0.999 (1) | 1 | 6 vs 6 | 0.032 | not reproduced |
+| injected sign flips (p=0.3) reduce accuracy | G8-mean-flip0.3: -0.077 [-0.113, -0.040] | 0.000465 (0.00186) | 0.00216 | 6 vs 6 | 0.051 | reproduced |
+
+Rules (``experiments/harness.py``): an effect is reproduced when the Holm-adjusted one-sided Welch p is <= 0.05 and its 95% Welch interval lies on the claimed side of 0, not reproduced when the interval lies on the other side, inconclusive otherwise; the permutation p (one-sided, not adjusted) is reported beside it. The gap claim is an equivalence claim on the median arms' G=8 minus G=2 with margin 0.01: reproduced when TOST rejects (Holm-adjusted), not reproduced when its 90% interval lies wholly outside the margin, inconclusive otherwise (its permutation p is two-sided). Min. detectable: the difference 80% power would find at these seeds and the arms' pooled SD.
+
+| claim (paper) | ours: a - b [interval] | z | p | rollouts | verdict |
+| --- | --- | --- | --- | --- | --- |
+| the median gives fewer opposite-sign advantages (graded reward) | median G=2: -0.029 [-0.034, -0.024] (0.007 vs 0.036) | -11.17 | 2.87e-29 | 6368 vs 6368 | reproduced |
+
+The mechanism claim compares opposite-sign rates pooled over rollouts (median G=2 minus mean G=2, from the "Advantage sign flips" table): a one-sided two-proportion z-test (``harness.judge_proportions``), reproduced when p <= 0.05 and the 95% interval lies below 0, not Holm-adjusted. It treats rollouts as independent, which subgroups drawn from the same prompts and completions are not: a lenient test. With 0/1 rewards no baseline can give an opposite sign (only zero), so the mechanism is judged on the graded reward.
 
 (end of generated results)
 """
@@ -45,7 +52,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -55,8 +61,8 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from experiments import rl_seeds
-from experiments.averaging.report import ci, fmt, signed, verdict
+from experiments import harness, rl_seeds
+from experiments.averaging.report import fmt
 from rlpost import objectives as O
 from rlpost.tasks import arithmetic
 from rlpost.train import rl
@@ -83,6 +89,39 @@ class Sizes:
   flip_reference: int = 64
   flip_draws: int = 16  # random subgroups per prompt and G
   base: dict = dataclasses.field(default_factory=lambda: dict(num_prompts=8))
+
+
+# The metric every claim is judged on: pass@1 at each seed's final evaluation, the metric of the
+# committed run (README "Verdict history" on the choice).
+METRIC = "pass@1"
+GAP_MARGIN = 0.01  # the paper's "within 1%"
+
+
+def claims(sz: Sizes) -> list[harness.Claim]:
+  """The paper's claims about trained arms, as data (one Holm family)."""
+  g0, g1, p = min(sz.group_sizes), max(sz.group_sizes), max(sz.flip_probs)
+  return [
+      harness.Claim("gap_within_1pct", f"median closes the G={g0} to G={g1} gap to within 1%",
+                    METRIC, (f"G{g1}-median", f"G{g0}-median"), "equivalent", GAP_MARGIN,
+                    "mc_grpo"),
+      harness.Claim("median_beats_mean_small_g", f"median beats the mean baseline at G={g0}",
+                    METRIC, (f"G{g0}-median", f"G{g0}-mean"), family="mc_grpo"),
+      harness.Claim("median_beats_same_compute_small_g",
+                    f"median beats the same-compute mean ablation at G={g0}", METRIC,
+                    (f"G{g0}-median", f"G{g0}-mean_drop"), family="mc_grpo"),
+      harness.Claim("injected_flips_hurt", f"injected sign flips (p={p}) reduce accuracy", METRIC,
+                    (f"G{sz.flip_group}-mean-flip{p}", f"G{sz.flip_group}-mean"), "less",
+                    family="mc_grpo"),
+  ]
+
+
+def rate_claim(sz: Sizes) -> harness.Claim:
+  """The mechanism claim, about opposite-sign rates pooled over rollouts (not over seeds)."""
+  g0 = min(sz.group_sizes)
+  return harness.Claim("median_fewer_sign_flips",
+                       "the median gives fewer opposite-sign advantages (graded reward)",
+                       "opposite-sign rate, graded reward", (f"median G={g0}", f"mean G={g0}"),
+                       "less")
 
 
 def sizes(quick: bool) -> Sizes:
@@ -195,85 +234,68 @@ def run(args) -> dict:
     flips = sign_flip_rates(trainer, sz)
     with open(flip_cache, "w") as f:
       json.dump(flips, f)
-  flips = {k: {bl: {int(g): v for g, v in d.items()} for bl, d in r.items()}
-           for k, r in flips.items()}
-  summary = summarize(results, flips, sz)
   command = "python scripts/reproduce.py mc_grpo" + (" --quick" if args.quick else "") + (
       f" --seeds {args.seeds}" if args.seeds else "")
   report = {"command": command, "sizes": dataclasses.asdict(sz), "base_config": base,
             "seconds": time.perf_counter() - t_start,
             "arm_seconds": sum(r["seconds"] for r in results.values()),
-            "summary": summary, "sign_flips": flips,
-            "arms": results}
+            "summary": None, "sign_flips": flips, "arms": results}
+  return write(report, out_dir)
+
+
+def write(report: dict, out_dir: str) -> dict:
+  """Judge the claims of a report (its per-seed results and sign-flip rates), then write
+  results.json, table.md and the plots into ``out_dir``."""
+  sz = Sizes(**report["sizes"])
+  flips = {k: {bl: {int(g): v for g, v in d.items()} for bl, d in r.items()}
+           for k, r in report["sign_flips"].items()}
+  report["sign_flips"] = flips
+  report["summary"] = summarize(report["arms"], flips, sz)
   with open(os.path.join(out_dir, "results.json"), "w") as f:
     json.dump(report, f, indent=1, default=float)
-  table = render(summary, flips, sz, report)
+  table = render(report["summary"], flips, sz, report)
   with open(os.path.join(out_dir, "table.md"), "w") as f:
     f.write(table)
-  plot(results, summary, flips, sz, out_dir)
+  plot(report["arms"], report["summary"], flips, sz, out_dir)
   print(table)
   return report
 
 
+def rejudge(out_dir: str) -> dict:
+  """Re-judge the committed results in ``out_dir`` (no training)."""
+  with open(os.path.join(out_dir, "results.json")) as f:
+    return write(json.load(f), out_dir)
+
+
 # ---------------------------------------------------------------------------------- summary
 def summarize(results: dict, flips: dict, sz: Sizes) -> dict:
-  acc = {name: rl_seeds.final_metric(arm) for name, arm in results.items()}
-  start = float(np.mean([e["pass@1"] for e in results[next(iter(results))]["evals"][0]["per_seed"]]))
+  acc = {name: rl_seeds.final_metric(arm, METRIC) for name, arm in results.items()}
+  start = float(np.mean([e[METRIC] for e in results[next(iter(results))]["evals"][0]["per_seed"]]))
   s = {"start_pass@1": start, "cells": {}, "gaps": {}, "vs_mean": {}, "vs_mean_drop": {},
        "flip_ablation": {}}
   for name, a in acc.items():
-    s["cells"][name] = ci(a)
+    s["cells"][name] = harness.cell(a)
   gs = sz.group_sizes
   for bl in BASELINES:
-    s["gaps"][bl] = rl_seeds.diff_ci_unpaired(acc[f"G{max(gs)}-{bl}"], acc[f"G{min(gs)}-{bl}"])
+    s["gaps"][bl] = harness.diff_cell(acc[f"G{max(gs)}-{bl}"], acc[f"G{min(gs)}-{bl}"])
   for g in gs:
     # Seeds share their PRNG keys across arms, but different arms draw different rollouts,
     # so arms are compared as independent samples.
-    s["vs_mean"][g] = rl_seeds.diff_ci_unpaired(acc[f"G{g}-median"], acc[f"G{g}-mean"])
-    s["vs_mean_drop"][g] = rl_seeds.diff_ci_unpaired(acc[f"G{g}-median"], acc[f"G{g}-mean_drop"])
+    s["vs_mean"][g] = harness.diff_cell(acc[f"G{g}-median"], acc[f"G{g}-mean"])
+    s["vs_mean_drop"][g] = harness.diff_cell(acc[f"G{g}-median"], acc[f"G{g}-mean_drop"])
   for p in sz.flip_probs:
-    s["flip_ablation"][p] = rl_seeds.diff_ci_unpaired(acc[f"G{sz.flip_group}-mean-flip{p}"],
-                                           acc[f"G{sz.flip_group}-mean"])
+    s["flip_ablation"][p] = harness.diff_cell(acc[f"G{sz.flip_group}-mean-flip{p}"],
+                                              acc[f"G{sz.flip_group}-mean"])
+  judged = harness.judge_family(claims(sz), {METRIC: acc})
+  s["claims"] = [v.to_json() for v in judged]
   g0 = min(gs)
   graded = flips["graded"]
-  s["verdicts"] = {
-      "gap_within_1pct": _gap_verdict(s["gaps"]["median"]),
-      "median_beats_mean_small_g": verdict(s["vs_mean"][g0]),
-      "median_beats_same_compute_small_g": verdict(s["vs_mean_drop"][g0]),
-      "median_fewer_sign_flips": _rate_verdict(graded["median"][g0], graded["mean"][g0]),
-      "injected_flips_hurt": verdict(signed(_neg(s["flip_ablation"][max(sz.flip_probs)]))),
-  }
+  s["rates"] = harness.judge_proportions(rate_claim(sz), {
+      f"{bl} G={g0}": (graded[bl][g0]["opposite"], graded[bl][g0]["count"])
+      for bl in ("median", "mean")})
+  s["verdicts"] = {v.claim.id: v.verdict for v in judged}
+  s["verdicts"][s["rates"]["claim"]["id"]] = s["rates"]["verdict"]
   return s
-
-
-def _rate_verdict(median: dict, mean: dict) -> str:
-  """Is the median's opposite-sign rate lower than the mean's? A two-proportion z-test at 95%
-  (rollouts treated as independent, which subgroups drawn from the same prompts are not quite:
-  a lenient test)."""
-  p1, n1, p2, n2 = median["opposite"], median["count"], mean["opposite"], mean["count"]
-  if min(n1, n2) == 0:
-    return "inconclusive"
-  se = math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
-  if se == 0:
-    return "inconclusive"
-  z = (p2 - p1) / se
-  return "reproduced" if z > 1.96 else "not reproduced" if z < -1.96 else "inconclusive"
-
-
-def _neg(c: dict) -> dict:
-  return dict(c, mean=-c["mean"], lo=-c["hi"], hi=-c["lo"])
-
-
-def _gap_verdict(c: dict) -> str:
-  """Within 1%: the interval of G8 - G2 lies inside [-0.01, 0.01] -> reproduced; entirely
-  outside it -> not reproduced; otherwise inconclusive."""
-  if c["n"] < 2 or math.isnan(c["lo"]):
-    return "inconclusive"
-  if c["lo"] >= -0.01 and c["hi"] <= 0.01:
-    return "reproduced"
-  if c["lo"] > 0.01 or c["hi"] < -0.01:
-    return "not reproduced"
-  return "inconclusive"
 
 
 def render(s: dict, flips: dict, sz: Sizes, report: dict) -> str:
@@ -284,7 +306,7 @@ def render(s: dict, flips: dict, sz: Sizes, report: dict) -> str:
            f"(SFT start: {s['start_pass@1']:.3f}); {report['arm_seconds'] / 60:.1f} min of training "
            f"and evaluation over all arms on this machine (this invocation "
            f"{report['seconds'] / 60:.1f} min; cached arms are not rerun). "
-           "Cells: mean [95% bootstrap CI over seeds].", "",
+           "Cells: mean [95% t interval over seeds]; differences: Welch intervals.", "",
            "## Final test pass@1", "",
            "| G (gradient rollouts) | " + " | ".join(LABELS[b] for b in BASELINES) + " |",
            "| --- | " + " | ".join("---" for _ in BASELINES) + " |"]
@@ -309,29 +331,36 @@ def render(s: dict, flips: dict, sz: Sizes, report: dict) -> str:
       cells = [f"{flips[kind][bl][g]['opposite']:.3f} / {flips[kind][bl][g]['zeroed']:.3f}"
                for g in gs]
       lines.append(f"| {kind} | {bl} | " + " | ".join(cells) + " |")
-  v = s["verdicts"]
+  r = s["rates"]
+  a, b = r["claim"]["arms"]
   g0 = min(gs)
-  gr = flips["graded"]
   lines += ["", "## Paper claims", "",
-            "| claim (paper) | ours | verdict |", "| --- | --- | --- |",
-            f"| median closes the G={g0} to G={max(gs)} gap to within 1% | gap "
-            f"{fmt(s['gaps']['median'])} (mean baseline: {fmt(s['gaps']['mean'])}) | "
-            f"{v['gap_within_1pct']} |",
-            f"| median beats the mean baseline at small G | G={g0}: {fmt(s['vs_mean'][g0])} | "
-            f"{v['median_beats_mean_small_g']} |",
-            f"| ... and the same-compute mean ablation | G={g0}: {fmt(s['vs_mean_drop'][g0])} | "
-            f"{v['median_beats_same_compute_small_g']} |",
-            f"| the median gives fewer opposite-sign advantages (graded reward) | G={g0}: "
-            f"{gr['median'][g0]['opposite']:.3f} vs {gr['mean'][g0]['opposite']:.3f} | "
-            f"{v['median_fewer_sign_flips']} |",
-            f"| injected sign flips reduce accuracy | p={max(sz.flip_probs)}: "
-            f"{fmt(s['flip_ablation'][max(sz.flip_probs)])} | {v['injected_flips_hurt']} |",
-            "",
-            "Rules: an effect is reproduced when its 95% interval lies on the claimed side of 0, "
-            "not reproduced when it lies on the other side, inconclusive otherwise; the gap claim "
-            "needs the whole interval inside [-0.01, 0.01]. With 0/1 rewards no baseline can "
-            "give an opposite sign (only zero), so the mechanism is judged on the graded reward.",
-            ""]
+            f"Final-evaluation pass@1, {sz.seeds} seeds per arm; the four claims on trained arms "
+            "are one Holm family. Intervals exclude problem-sampling error (every arm is "
+            "evaluated on the same fixed test problems with the same evaluation key).", "",
+            *harness.verdict_rows(s["claims"]), "",
+            "Rules (``experiments/harness.py``): an effect is reproduced when the Holm-adjusted "
+            "one-sided Welch p is <= 0.05 and its 95% Welch interval lies on the claimed side of "
+            "0, not reproduced when the interval lies on the other side, inconclusive otherwise; "
+            "the permutation p (one-sided, not adjusted) is reported beside it. The gap claim is "
+            f"an equivalence claim on the median arms' G={max(gs)} minus G={min(gs)} with margin "
+            f"{GAP_MARGIN}: reproduced when TOST rejects (Holm-adjusted), not reproduced when its "
+            "90% interval lies wholly outside the margin, inconclusive otherwise (its permutation "
+            "p is two-sided). Min. detectable: the difference 80% power would find at these seeds "
+            "and the arms' pooled SD.", "",
+            "| claim (paper) | ours: a - b [interval] | z | p | rollouts | verdict |",
+            "| --- | --- | --- | --- | --- | --- |",
+            f"| {r['claim']['text']} | {a}: {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] "
+            f"({flips['graded']['median'][g0]['opposite']:.3f} vs "
+            f"{flips['graded']['mean'][g0]['opposite']:.3f}) | {r['z']:.2f} | {r['p']:.3g} | "
+            f"{r['n'][0]} vs {r['n'][1]} | {r['verdict']} |", "",
+            f"The mechanism claim compares opposite-sign rates pooled over rollouts ({a} minus "
+            f"{b}, from the \"Advantage sign flips\" table): a one-sided two-proportion z-test "
+            "(``harness.judge_proportions``), reproduced when p <= 0.05 and the 95% interval lies "
+            "below 0, not Holm-adjusted. It treats rollouts as independent, which subgroups drawn "
+            "from the same prompts and completions are not: a lenient test. With 0/1 rewards no "
+            "baseline can give an opposite sign (only zero), so the mechanism is judged on the "
+            "graded reward.", ""]
   return "\n".join(lines)
 
 

@@ -76,3 +76,33 @@ def test_rows():
   rows = harness.verdict_rows(v)
   assert rows[2].startswith("| a beats b | a: +1.000 [") and rows[2].endswith("| reproduced |")
   assert harness.verdict_rows([x.to_json() for x in v]) == rows
+
+
+def test_proportions_by_hand():
+  # 0.2 of 100 vs 0.1 of 100: se = sqrt(0.16 / 100 + 0.09 / 100) = 0.05, z = 2, one-sided
+  # p = 1 - Phi(2) = 0.02275, interval 0.1 -+ 1.96 * 0.05.
+  rates = {"a": (0.2, 100), "b": (0.1, 100), "c": (0.15, 100)}
+  v = harness.judge_proportions(claim(), rates)
+  assert v["diff"] == pytest.approx(0.1) and v["z"] == pytest.approx(2.0)
+  assert v["p"] == pytest.approx(0.02275, abs=1e-5)
+  assert (v["lo"], v["hi"]) == pytest.approx((0.00200, 0.19800), abs=1e-5)
+  assert v["verdict"] == "reproduced" and v["n"] == (100, 100)
+  assert harness.judge_proportions(claim(direction="less"), rates)["verdict"] == "not reproduced"
+  assert harness.judge_proportions(claim(arms=("b", "a"), direction="less"),
+                                   rates)["verdict"] == "reproduced"
+  # 0.15 vs 0.1: z = 0.05 / sqrt(0.002175) = 1.07, inconclusive; a margin shifts the test.
+  v = harness.judge_proportions(claim(arms=("c", "b")), rates)
+  assert v["z"] == pytest.approx(1.0721, abs=1e-4) and v["verdict"] == "inconclusive"
+  v = harness.judge_proportions(claim(margin=0.05), rates)
+  assert v["z"] == pytest.approx(1.0) and v["verdict"] == "inconclusive"
+  # No spread, or an arm without trials: nothing to reject.
+  v = harness.judge_proportions(claim(), {"a": (0.0, 10), "b": (0.0, 10)})
+  assert v["p"] == 1.0 and v["verdict"] == "inconclusive"
+  v = harness.judge_proportions(claim(), {"a": (0.0, 0), "b": (0.1, 100)})
+  assert v["p"] == 1.0 and np.isnan(v["lo"]) and v["verdict"] == "inconclusive"
+  with pytest.raises(ValueError, match="directional"):
+    harness.judge_proportions(claim(direction="equivalent", margin=0.1), rates)
+  with pytest.raises(ValueError, match="rates must lie"):
+    harness.judge_proportions(claim(), {"a": (1.2, 10), "b": (0.1, 100)})
+  with pytest.raises(KeyError, match="no rate for"):
+    harness.judge_proportions(claim(arms=("a", "x")), rates)

@@ -67,7 +67,13 @@ def test_reproduce_mc_grpo_quick(tmp_path, monkeypatch):
     assert os.path.getsize(out / name) > 0, name
   res = json.loads((out / "results.json").read_text())
   assert res["command"] == "python scripts/reproduce.py mc_grpo --quick"
-  assert set(res["summary"]["verdicts"].values()) <= {"reproduced", "not reproduced", "inconclusive"}
+  summary = res["summary"]
+  assert set(summary["verdicts"]) == {c.id for c in mc_grpo.claims(mc_grpo.sizes(True))} | {
+      "median_fewer_sign_flips"}
+  assert set(summary["verdicts"].values()) <= {"reproduced", "not reproduced", "inconclusive"}
+  assert [c["claim"]["family"] for c in summary["claims"]] == ["mc_grpo"] * 4
+  assert summary["claims"][0]["claim"]["direction"] == "equivalent"
+  assert summary["rates"]["method"].startswith("two-proportion z-test")
   assert all(arm["compilations"] == 1 for arm in res["arms"].values())
   assert len(res["arms"]) == 3 * len(mc_grpo.sizes(True).group_sizes) + 1
   flips = res["sign_flips"]["binary"]
@@ -85,3 +91,7 @@ def test_reproduce_mc_grpo_quick(tmp_path, monkeypatch):
   assert sorted(os.listdir(out / "cache")) == cached
   again = json.loads((out / "results.json").read_text())
   assert again["arms"] == res["arms"]
+  # Re-judging the written results (no training) reproduces them.
+  written = {name: (out / name).read_text() for name in ("table.md", "results.json")}
+  reproduce.main(["mc_grpo", "--rejudge", "--out", str(out), "--no-progress"])
+  assert {name: (out / name).read_text() for name in written} == written
