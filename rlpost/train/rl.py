@@ -82,7 +82,9 @@ def prompt_indices(cursor, n_items: int, key, n: int) -> jax.Array:
 class Trainer:
   """Host-side setup of one run, its pure functions (``fns``) and jitted conveniences."""
 
-  def __init__(self, cfg: RLConfig, *, log: Callable[[str], None] = print):
+  def __init__(self, cfg: RLConfig, *, log: Callable[[str], None] = print,
+               optimizer: optax.GradientTransformation | None = None):
+    """``optimizer`` replaces the configured one (global-norm clipping and AdamW)."""
     self.cfg, self.log = cfg, log
     s = setup.build(cfg, log)
     self.task, self.rows = s.task, s.records
@@ -97,7 +99,7 @@ class Trainer:
     self.score_host = task_base.host_scorer(self.task, self.rows, self.tok, self.stop_tokens)
     self.recipe = build_recipe(cfg, self.max_new_tokens)
     updates = cfg.steps * cfg.num_iterations * cfg.num_minibatches
-    self.optimizer = optax.chain(
+    self.optimizer = optimizer or optax.chain(
         optax.clip_by_global_norm(cfg.grad_clip),
         optax.adamw(learning_rate(lr=cfg.lr, schedule=cfg.lr_schedule,
                                   warmup_steps=cfg.lr_warmup_steps, total_steps=updates),

@@ -216,8 +216,8 @@ def test_nonfinite_update_names_the_parameters(dirs):
   run at that step, blaming the update, not the next step's rollouts."""
   import optax
 
-  tr = tiny(dirs)
-  tr.optimizer = optax.scale(float("inf"))
+  tr = rl.make_train(learning_config(dirs), log=lambda s: None,
+                     optimizer=optax.scale(float("inf")))
   _, m = tr.step(tr.init_state())
   with pytest.raises(FloatingPointError, match="step 1: the update made the policy parameters "
                      "non-finite.*check lr"):
