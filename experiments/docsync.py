@@ -1,34 +1,45 @@
 """Keep each experiment's docstring and README in step with the numbers its last full run produced.
 
-An experiment module's docstring ends with a block, between ``BEGIN`` and ``END`` lines, that
-is generated from ``results/<name>/table.md`` (itself rendered from ``results.json`` by the
-experiment's code): the run line (command, seeds, steps, runtime) and the paper-claims table.
-``scripts/reproduce.py NAME`` rewrites the block after a full run into the default output
-directory; ``scripts/reproduce.py NAME --sync-docs`` rewrites it from the files already there.
-The README's "## Results (copied from ...)" section, up to its "## Full size" section, is the
-table itself (without its title), rewritten the same way. A test checks both against the
-table, so no number in a docstring or README is typed by hand.
+One mechanism for every table on ``experiments/harness.py``:
+
+* the experiment module's docstring ends with a block, between ``BEGIN`` and ``END`` lines,
+  generated from ``results/<name>/table.md``: the run line (command, seeds, runtime) and the
+  "## Paper claims" section;
+* the README holds ``table.md`` (without its title) between the markers
+  ``<!-- results:begin NAME -->`` and ``<!-- results:end NAME -->``.
+
+``scripts/reproduce.py NAME`` rewrites both after a full run into the default output directory
+(and after ``--rejudge``); ``scripts/reproduce.py NAME --sync-docs`` rewrites them from the files
+already there. ``tests/experiments/test_docsync.py`` fails when they drift, so no number in a
+docstring or README is typed by hand.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN = "Results on this CPU (generated from results/{name}/table.md; do not edit by hand):"
 END = "(end of generated results)"
+README_BEGIN = "<!-- results:begin {name} -->"
+README_END = "<!-- results:end {name} -->"
+
+
+def _table(name: str, results_dir: str | None) -> tuple[str, str]:
+  path = os.path.join(results_dir or os.path.join(ROOT, "results", name), "table.md")
+  with open(path) as f:
+    return path, f.read()
 
 
 def results_block(name: str, results_dir: str | None = None) -> str:
-  """The docstring block for experiment ``name``: its run line and paper-claims table.
+  """The docstring block for experiment ``name``: its run line and paper-claims section.
 
   Raises FileNotFoundError naming the table if the experiment has no full run on record, and
   ValueError if the table lacks a "## Paper claims" section.
   """
-  path = os.path.join(results_dir or os.path.join(ROOT, "results", name), "table.md")
-  with open(path) as f:
-    text = f.read()
+  path, text = _table(name, results_dir)
   paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
   run_line = next((p for p in paragraphs if p.startswith("`python scripts/reproduce.py")), None)
   match = re.search(r"^## Paper claims[^\n]*\n(.*?)(?=^## |\Z)", text, re.S | re.M)
@@ -41,16 +52,32 @@ def results_block(name: str, results_dir: str | None = None) -> str:
   return "\n".join(lines)
 
 
-def module_path(name: str) -> str:
-  return os.path.join(ROOT, "experiments", name, "__init__.py")
+def readme_section(name: str, results_dir: str | None = None) -> str:
+  """What the README holds between its markers: table.md without its title line."""
+  _, body = _table(name, results_dir)
+  if body.startswith("# "):
+    body = body.split("\n", 1)[1] if "\n" in body else ""
+  return (README_BEGIN.format(name=name) + "\n\n" + body.strip() + "\n\n"
+          + README_END.format(name=name))
 
 
-def sync(name: str, results_dir: str | None = None) -> bool:
-  """Rewrite the block in ``experiments/<name>/__init__.py``; True if the file changed.
+def paths(exp) -> tuple[str, str]:
+  """(module file, README) of a ``harness.Experiment``: its ``module`` (dotted name) and its
+  ``readme`` (default: the README.md beside the module)."""
+  module = importlib.import_module(exp.module).__file__
+  readme = exp.readme or os.path.join(os.path.dirname(module), "README.md")
+  return module, readme
 
-  The block goes at the end of the module docstring (replacing an existing block).
-  """
-  path = module_path(name)
+
+def _rewrite(path: str, new: str, old: str) -> bool:
+  if new != old:
+    with open(path, "w") as f:
+      f.write(new)
+  return new != old
+
+
+def sync_docstring(path: str, name: str, results_dir: str | None = None) -> bool:
+  """Rewrite the block at the end of ``path``'s module docstring; True if the file changed."""
   with open(path) as f:
     source = f.read()
   block = results_block(name, results_dir)
@@ -62,41 +89,26 @@ def sync(name: str, results_dir: str | None = None) -> bool:
   else:
     close = source.index('"""', source.index('"""') + 3)  # end of the module docstring
     new = source[:close].rstrip("\n") + "\n\n" + block + "\n" + source[close:]
-  if new != source:
-    with open(path, "w") as f:
-      f.write(new)
-  return new != source
+  return _rewrite(path, new, source)
 
 
-RESULTS_HEADING = "## Results (copied from `results/{name}/table.md`)"
-NEXT_HEADING = "## Full size (accelerators)"
+def sync_readme(path: str, name: str, results_dir: str | None = None) -> bool:
+  """Rewrite the README's generated section; True if the file changed.
 
-
-def readme_section(name: str, results_dir: str | None = None) -> str:
-  """The README's results section: the heading, then table.md without its title line."""
-  path = os.path.join(results_dir or os.path.join(ROOT, "results", name), "table.md")
-  with open(path) as f:
-    body = f.read()
-  if body.startswith("# "):
-    body = body.split("\n", 1)[1] if "\n" in body else ""
-  return RESULTS_HEADING.format(name=name) + "\n\n" + body.strip() + "\n\n"
-
-
-def sync_readme(name: str, results_dir: str | None = None) -> bool:
-  """Rewrite ``experiments/<name>/README.md``'s results section; True if the file changed.
-
-  Raises ValueError if the README lacks the results heading or the following "Full size" one.
+  Raises ValueError naming the README if it lacks the markers.
   """
-  path = os.path.join(ROOT, "experiments", name, "README.md")
   with open(path) as f:
     text = f.read()
-  head = RESULTS_HEADING.format(name=name)
-  if head not in text or NEXT_HEADING not in text:
-    raise ValueError(f"{path} needs a {head!r} section followed by {NEXT_HEADING!r}")
-  start = text.index(head)
-  stop = text.index(NEXT_HEADING, start)
-  new = text[:start] + readme_section(name, results_dir) + text[stop:]
-  if new != text:
-    with open(path, "w") as f:
-      f.write(new)
-  return new != text
+  begin, end = README_BEGIN.format(name=name), README_END.format(name=name)
+  if begin not in text or end not in text:
+    raise ValueError(f"{path} needs a generated section between {begin!r} and {end!r}")
+  start = text.index(begin)
+  stop = text.index(end, start) + len(end)
+  return _rewrite(path, text[:start] + readme_section(name, results_dir) + text[stop:], text)
+
+
+def sync_all(exp, results_dir: str | None = None) -> dict[str, bool]:
+  """Rewrite ``exp``'s docstring block and README section; {path: changed}."""
+  module, readme = paths(exp)
+  return {module: sync_docstring(module, exp.name, results_dir),
+          readme: sync_readme(readme, exp.name, results_dir)}

@@ -1,4 +1,13 @@
-"""Claims as data, judged by ``rlpost.eval.stats`` (the protocol of shared/specs/statistics.md).
+"""The one skeleton of every paper table: claims as data judged by ``rlpost.eval.stats`` (the
+protocol of shared/specs/statistics.md), and the run that produces their per-seed values.
+
+Running (``Experiment``, ``run``, ``rejudge``): a table is plain functions of plain data. Its
+units are cached by the digest of their spec, so a rerun computes only the missing ones;
+``results.json`` keeps the config, the machine, and every per-seed value and evaluation point;
+``rejudge`` re-judges it without training; ``experiments/docsync.py`` copies ``table.md`` into
+the README and the module docstring.
+
+Judging:
 
 A paper table pre-declares its claims: which metric, which two arms, the claimed direction and
 margin, and the family (the claims of one paper) whose p-values are Holm-adjusted together.
@@ -24,11 +33,18 @@ and seed count), to report what an inconclusive claim could have detected.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
-from typing import Mapping, Sequence
+import os
+import platform
+import subprocess
+import time
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 from scipy.stats import norm as normal
+from tqdm.auto import tqdm
 
 from rlpost.eval import stats
 
@@ -43,11 +59,15 @@ class Claim:
     id: a short key (``"median_beats_mean"``).
     text: the paper's claim in words.
     metric: the name of the per-seed metric compared.
-    arms: (a, b): the claim is about mean(a) - mean(b).
+    arms: (a, b): the claim is about mean(a) - mean(b); or (a,): a one-sample claim about
+      mean(a) - ``center`` (e.g. "Spearman above 0.5": center 0.5), judged as a paired claim
+      against a constant arm.
     direction: "greater" (a - b > margin), "less" (a - b < -margin) or "equivalent"
       (|a - b| < margin).
     margin: the minimum effect of interest (> 0 for "equivalent").
     family: claims of one family are Holm-adjusted together.
+    paired: the arms' values pair up seed by seed (two policies of the same run, e.g. an
+      averaged and the raw checkpoint): paired t interval and test on the per-seed differences.
   """
 
   id: str
@@ -57,8 +77,12 @@ class Claim:
   direction: str = "greater"
   margin: float = 0.0
   family: str = ""
+  paired: bool = False
+  center: float = 0.0
 
   def __post_init__(self):
+    if len(self.arms) not in (1, 2):
+      raise ValueError(f"claim {self.id!r}: arms must be (a, b) or (a,), got {self.arms}")
     if self.direction not in DIRECTIONS:
       raise ValueError(f"claim {self.id!r}: direction must be one of {DIRECTIONS}, "
                        f"got {self.direction!r}")
@@ -72,7 +96,8 @@ class Verdict:
   """A judged claim: the difference a - b with its interval (Welch at ``level``; for an
   equivalence claim the TOST interval at 1 - 2 alpha), the deciding test's raw and Holm-adjusted
   p-values, the permutation test's p-value (two-sided for an equivalence claim), the verdict, the
-  seed counts and the minimum detectable effect."""
+  seed counts, the seed SD (pooled over arms; of the differences when paired) and the minimum
+  detectable effect."""
 
   claim: Claim
   diff: float
@@ -85,6 +110,7 @@ class Verdict:
   n: tuple[int, int]
   mde: float
   method: str
+  sd: float = float("nan")
 
   def to_json(self) -> dict:
     return dict(dataclasses.asdict(self), claim=dataclasses.asdict(self.claim))
@@ -92,17 +118,21 @@ class Verdict:
 
 def _raw(claim: Claim, a: np.ndarray, b: np.ndarray, level: float, n_resamples: int):
   """(diff, lo, hi, p, p_permutation, method) before the family's correction."""
+  paired = claim.paired or len(claim.arms) == 1
+  t_name = "paired t" if paired else "Welch"
   if claim.direction == "equivalent":
-    p, lo, hi = stats.tost(a, b, claim.margin, level=level)
-    p_perm = stats.permutation_test(a, b, n_resamples=n_resamples)
+    p, lo, hi = stats.tost(a, b, claim.margin, level=level, paired=paired)
+    p_perm = stats.permutation_test(a, b, paired=paired, n_resamples=n_resamples)
     return (float(np.mean(a) - np.mean(b)), lo, hi, p, p_perm,
-            f"TOST (Welch), margin {claim.margin:g}")
-  diff, lo, hi = stats.diff_interval(a, b, level=level, method="welch")
+            f"TOST ({t_name}), margin {claim.margin:g}")
+  diff, lo, hi = stats.diff_interval(a, b, level=level, paired=paired,
+                                     method="t" if paired else "welch")
   alternative = "greater" if claim.direction == "greater" else "less"
   shift = claim.margin if claim.direction == "greater" else -claim.margin
-  p = stats.t_test(a - shift, b, alternative=alternative)
-  p_perm = stats.permutation_test(a, b, alternative=alternative, n_resamples=n_resamples)
-  return diff, lo, hi, p, p_perm, "Welch interval and one-sided Welch test"
+  p = stats.t_test(a - shift, b, paired=paired, alternative=alternative)
+  p_perm = stats.permutation_test(a, b, paired=paired, alternative=alternative,
+                                  n_resamples=n_resamples)
+  return diff, lo, hi, p, p_perm, f"{t_name} interval and one-sided {t_name} test"
 
 
 def _decide(claim: Claim, lo: float, hi: float, p_holm: float, alpha: float) -> str:
@@ -134,7 +164,8 @@ def judge_family(claims: Sequence[Claim], values: Mapping[str, Mapping[str, Sequ
   for c in claims:
     try:
       a = np.asarray(values[c.metric][c.arms[0]], np.float64)
-      b = np.asarray(values[c.metric][c.arms[1]], np.float64)
+      b = (np.asarray(values[c.metric][c.arms[1]], np.float64) if len(c.arms) == 2
+           else np.full_like(a, c.center))
     except KeyError as e:
       raise KeyError(f"claim {c.id!r}: no per-seed values for {e}") from None
     diff, lo, hi, p, p_perm, method = _raw(c, a, b, level, n_resamples)
@@ -147,11 +178,17 @@ def judge_family(claims: Sequence[Claim], values: Mapping[str, Mapping[str, Sequ
       adjusted[i] = float(p)
   out = []
   for (c, a, b, diff, lo, hi, p, p_perm, method), p_holm in zip(raw, adjusted):
-    sd = math.sqrt((np.var(a, ddof=1) + np.var(b, ddof=1)) / 2)
     n = min(len(a), len(b))
-    mde = stats.min_detectable_effect(sd, n) if sd > 0 else 0.0
+    if c.paired or len(c.arms) == 1:  # one sample of differences: the two-sample MDE at sd / sqrt(2) has the same
+      # noncentrality (df 2n - 2 rather than n - 1, so slightly optimistic at few seeds)
+      sd = float(np.std(a - b, ddof=1))
+      mde = stats.min_detectable_effect(sd / math.sqrt(2), n) if sd > 0 else 0.0
+    else:
+      sd = math.sqrt((np.var(a, ddof=1) + np.var(b, ddof=1)) / 2)
+      mde = stats.min_detectable_effect(sd, n) if sd > 0 else 0.0
     out.append(Verdict(c, float(diff), float(lo), float(hi), float(p), p_holm, float(p_perm),
-                       _decide(c, lo, hi, p_holm, alpha), (len(a), len(b)), float(mde), method))
+                       _decide(c, lo, hi, p_holm, alpha), (len(a), len(b)), float(mde), method,
+                       float(sd)))
   return out
 
 
@@ -201,11 +238,41 @@ def verdict_rows(verdicts: Sequence[Verdict], digits: int = 3) -> list[str]:
   for v in verdicts:
     v = v if isinstance(v, dict) else v.to_json()
     c = v["claim"]
-    rows.append(f"| {c['text']} | {c['arms'][0]}: {v['diff']:+.{digits}f} "
+    one = len(c["arms"]) == 1
+    label = f"{c['arms'][0]} - {c.get('center', 0.0):g}" if one else c["arms"][0]
+    seeds = f"{v['n'][0]}" if one else f"{v['n'][0]} vs {v['n'][1]}"
+    rows.append(f"| {c['text']} | {label}: {v['diff']:+.{digits}f} "
                 f"[{v['lo']:+.{digits}f}, {v['hi']:+.{digits}f}] | {v['p']:.3g} "
-                f"({v['p_holm']:.3g}) | {v['p_permutation']:.3g} | {v['n'][0]} vs {v['n'][1]} | "
+                f"({v['p_holm']:.3g}) | {v['p_permutation']:.3g} | {seeds} | "
                 f"{v['mde']:.{digits}f} | {v['verdict']} |")
   return rows
+
+
+def rules_note(verdicts: Sequence[Verdict | dict], level: float = 0.95) -> str:
+  """The decision rules of the judged claims, in words, for a table."""
+  vs = [v if isinstance(v, dict) else v.to_json() for v in verdicts]
+  alpha = 1 - level
+  out = []
+  directional = sorted({v["claim"]["margin"] for v in vs
+                        if v["claim"]["direction"] != "equivalent"})
+  if directional:
+    m = "/".join(f"{x:g}" for x in directional)
+    out.append(f"a directional claim is reproduced when its Holm-adjusted one-sided p is <= "
+               f"{alpha:.2g} and its {level:.0%} interval lies beyond the margin ({m}), not "
+               "reproduced when the interval lies on the other side of the margin, inconclusive "
+               "otherwise")
+  equivalent = sorted({v["claim"]["margin"] for v in vs
+                       if v["claim"]["direction"] == "equivalent"})
+  if equivalent:
+    m = "/".join(f"{x:g}" for x in equivalent)
+    out.append(f"an equivalence claim (margin {m}) is reproduced when TOST rejects "
+               f"(Holm-adjusted), not reproduced when its {1 - 2 * alpha:.0%} interval lies "
+               "wholly outside the margin, inconclusive otherwise")
+  if not out:
+    return ""
+  return ("Rules (`experiments/harness.py`): " + "; ".join(out) + ". The permutation p "
+          "(not adjusted) is reported beside the deciding test. Min. detectable: the difference "
+          "a two-sided test at 80% power would find at these seeds and this seed SD.")
 
 
 def cell(x: Sequence[float], level: float = 0.95) -> dict:
@@ -228,3 +295,274 @@ def diff_cell(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> di
   d, lo, hi = stats.diff_interval(a, b, level=level, method="welch")
   return {"mean": float(d), "lo": float(lo), "hi": float(hi), "n": int(min(a.size, b.size)),
           "signed": True}
+
+
+def pooled_sd(verdicts: Sequence[Verdict | dict]) -> float:
+  """The largest pooled seed SD among ``verdicts`` (the pilot SD a table reports)."""
+  sds = [(v if isinstance(v, dict) else v.to_json())["sd"] for v in verdicts]
+  return max(sds) if sds else float("nan")
+
+
+def protocol_note(verdicts: Sequence[Verdict | dict], level: float = 0.95) -> str:
+  """One paragraph for a table: the interval method, the seed counts, the pooled seed SD and the
+  minimum detectable effect of the judged claims."""
+  vs = [v if isinstance(v, dict) else v.to_json() for v in verdicts]
+  if not vs:
+    return ""
+  seeds = sorted({n for v in vs for n in v["n"]})
+  methods = sorted({v["method"] for v in vs})
+  mdes = [v["mde"] for v in vs]
+  return (f"Statistics: {'; '.join(methods)} at {level:.0%}, Holm-adjusted within each family; "
+          f"{'/'.join(str(s) for s in seeds)} seeds per arm; pooled seed SD up to "
+          f"{pooled_sd(vs):.3g}; minimum detectable effect (80% power) "
+          f"{min(mdes):.3g}-{max(mdes):.3g}.")
+
+
+def fmt(c: Mapping | None, digits: int = 3) -> str:
+  """A ``cell``/``diff_cell`` as '0.123 [0.100, 0.140]' ('+' signs for a difference; the mean
+  alone without an interval)."""
+  if c is None:
+    return "—"
+  lo = c.get("lo")
+  if lo is None or (isinstance(lo, float) and math.isnan(lo)):
+    return f"{c['mean']:.{digits}f}"
+  sign = "+" if c.get("signed") else ""
+  return (f"{c['mean']:{sign}.{digits}f} [{c['lo']:{sign}.{digits}f}, "
+          f"{c['hi']:{sign}.{digits}f}]")
+
+
+def errorbars(ax, x: Sequence[float], cells: Sequence[Mapping], **kw):
+  """Plot per-seed ``cell``s (mean and interval) against ``x`` with error bars; a cell without an
+  interval (one seed) is drawn as a point."""
+  m = np.array([c["mean"] for c in cells], np.float64)
+  lo = np.array([c["lo"] if c.get("lo") is not None else np.nan for c in cells], np.float64)
+  hi = np.array([c["hi"] if c.get("hi") is not None else np.nan for c in cells], np.float64)
+  err = np.stack([np.nan_to_num(m - lo), np.nan_to_num(hi - m)])
+  kw.setdefault("marker", "o")
+  kw.setdefault("capsize", 3)
+  return ax.errorbar(np.asarray(x), m, yerr=err, **kw)
+
+
+# --------------------------------------------------------------------- running an experiment
+@dataclasses.dataclass(frozen=True)
+class Unit:
+  """An independent, cacheable piece of an experiment (one arm's seed block, one system x seed).
+
+  Attributes:
+    spec: plain data that determines the result; its digest is the cache key, so a unit reruns
+      exactly when its spec changes.
+    run: ``run(progress)`` computes the result, calling ``progress(n)`` as it advances by ``n`` of
+      ``weight``. The result is a dict of JSON values and, at its top level, numpy arrays (stored
+      beside the JSON in an ``.npz``).
+    weight: the unit's share of the progress bar (e.g. its training steps).
+  """
+
+  spec: Mapping
+  run: Callable[[Callable[[int], None]], dict]
+  weight: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """A paper table as plain functions of plain data.
+
+  Attributes:
+    name: the key of ``scripts/reproduce.py`` and of ``results/<name>``.
+    get_config: ``get_config(quick) -> dict`` (big_vision style): seeds, sizes, arms; the key
+      ``"seeds"`` is the seed count ``--seeds`` overrides.
+    units: ``units(config) -> {unit id: Unit}``.
+    summarize: ``summarize(results) -> dict``: per-seed values, judged claims, sanity checks, from
+      ``results["config"]`` and ``results["data"]`` alone (so ``--rejudge`` needs no training).
+    render: ``render(results) -> str``: ``table.md``; its "## Paper claims" section is what the
+      docs carry.
+    plot: ``plot(results, out_dir) -> [paths]`` (from ``results`` alone, error bars over seeds).
+    collect: ``collect(config, units) -> data``: what ``results.json`` keeps of the unit results
+      (every per-seed value and evaluation point); default: the units' JSON parts.
+    module: the module whose docstring ends with the generated results block (docsync).
+    readme: the README holding the generated results between ``docsync`` markers.
+  """
+
+  name: str
+  get_config: Callable[[bool], dict]
+  units: Callable[[dict], Mapping[str, Unit]]
+  summarize: Callable[[dict], dict]
+  render: Callable[[dict], str]
+  plot: Callable[[dict, str], list] = lambda results, out_dir: []
+  collect: Callable[[dict, Mapping[str, dict]], dict] | None = None
+  module: str = ""
+  readme: str = ""
+
+
+def digest(spec: Mapping) -> str:
+  """A short stable hash of plain data (the cache key of a unit)."""
+  blob = json.dumps(spec, sort_keys=True, default=str)
+  return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _atomic_write(path: str, write: Callable) -> None:
+  tmp = f"{path}.tmp{os.getpid()}"
+  try:
+    write(tmp)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def _write_text(path: str, text: str) -> None:
+  def write(tmp):
+    with open(tmp, "w") as f:
+      f.write(text)
+  _atomic_write(path, write)
+
+
+class UnitCache:
+  """Finished units under ``directory``: ``<id>-<digest>.json`` (the JSON part of the result and
+  the seconds the unit took; written last, so its presence marks a complete unit) and, for
+  array results, ``<id>-<digest>.npz``."""
+
+  def __init__(self, directory: str):
+    self.directory = directory
+
+  def _stem(self, uid: str, spec: Mapping) -> str:
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in uid)
+    return os.path.join(self.directory, f"{safe}-{digest(spec)}")
+
+  def load(self, uid: str, spec: Mapping) -> tuple[dict, float] | None:
+    """(result, seconds) of a finished unit, or None."""
+    stem = self._stem(uid, spec)
+    if not os.path.exists(stem + ".json"):
+      return None
+    with open(stem + ".json") as f:
+      entry = json.load(f)
+    out = entry["result"]
+    if os.path.exists(stem + ".npz"):
+      with np.load(stem + ".npz") as z:
+        out.update({k: z[k] for k in z.files})
+    return out, float(entry["seconds"])
+
+  def save(self, uid: str, spec: Mapping, result: Mapping, seconds: float) -> None:
+    os.makedirs(self.directory, exist_ok=True)
+    stem = self._stem(uid, spec)
+    arrays = {k: v for k, v in result.items() if isinstance(v, np.ndarray)}
+    rest = {k: v for k, v in result.items() if k not in arrays}
+
+    def write_npz(tmp):
+      with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+
+    if arrays:
+      _atomic_write(stem + ".npz", write_npz)
+    _write_text(stem + ".json", json.dumps({"seconds": seconds, "result": jsonable(rest)}))
+
+
+def jsonable(x):
+  """``x`` with numpy scalars and arrays as Python numbers and lists (NaN stays NaN, which
+  Python's json writes and reads as ``NaN``)."""
+  if isinstance(x, Mapping):
+    return {str(k): jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [jsonable(v) for v in x]
+  if isinstance(x, np.ndarray):
+    return jsonable(x.tolist())
+  if isinstance(x, (float, np.floating)):
+    return float(x)
+  if isinstance(x, np.integer):
+    return int(x)
+  if isinstance(x, np.bool_):
+    return bool(x)
+  return x
+
+
+def machine() -> dict:
+  """The machine and package versions a result was produced with."""
+  import importlib.metadata as md
+
+  versions = {}
+  for pkg in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "scipy"):
+    try:
+      versions[pkg] = md.version(pkg)
+    except md.PackageNotFoundError:
+      pass
+  try:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
+                            timeout=10).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    commit = ""
+  import jax
+
+  return {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+          "platform": jax.devices()[0].platform, "load_average": list(os.getloadavg()),
+          "python": platform.python_version(), "versions": versions, "commit": commit}
+
+
+def command(name: str, args) -> str:
+  return (f"python scripts/reproduce.py {name}" + (" --quick" if args.quick else "")
+          + (f" --seeds {args.seeds}" if args.seeds else ""))
+
+
+def run(exp: Experiment, args, *, sync_docs: bool = False) -> dict:
+  """Run (or resume) every unit of ``exp``, then judge and write the outputs into ``args.out``.
+
+  ``args`` carries ``quick``, ``seeds`` (None: the config's), ``out`` and ``no_progress``.
+  Finished units are cached under ``<out>/cache`` by the digest of their spec; a rerun computes
+  only the missing ones.
+  """
+  config = exp.get_config(bool(args.quick))
+  if args.seeds:
+    config = dict(config, seeds=int(args.seeds))
+  units = exp.units(config)
+  os.makedirs(args.out, exist_ok=True)
+  cache = UnitCache(os.path.join(args.out, "cache"))
+  t0 = time.perf_counter()
+  results, seconds, ran = {}, {}, []
+  bar = tqdm(total=sum(u.weight for u in units.values()), desc=exp.name,
+             disable=args.no_progress, dynamic_ncols=True)
+  for uid, unit in units.items():
+    bar.set_postfix_str(uid)
+    hit = cache.load(uid, unit.spec)
+    if hit is None:
+      t = time.perf_counter()
+      result = unit.run(bar.update)
+      cache.save(uid, unit.spec, result, time.perf_counter() - t)
+      ran.append(uid)
+      hit = cache.load(uid, unit.spec)  # exactly what a resumed run sees
+    else:
+      bar.update(unit.weight)
+    results[uid], seconds[uid] = hit
+  bar.close()
+  data = (exp.collect(config, results) if exp.collect else
+          {uid: {k: v for k, v in r.items() if not isinstance(v, np.ndarray)}
+           for uid, r in results.items()})
+  report = {"experiment": exp.name, "command": command(exp.name, args), "config": config,
+            "machine": machine(), "seconds": time.perf_counter() - t0,
+            "unit_seconds": sum(seconds.values()), "units_run": ran, "data": data}
+  return write(exp, report, args.out, sync_docs=sync_docs)
+
+
+def write(exp: Experiment, report: dict, out_dir: str, *, sync_docs: bool = False) -> dict:
+  """Judge ``report`` (``exp.summarize``), then write ``results.json``, ``table.md`` and the
+  plots into ``out_dir`` (each file replaced atomically); with ``sync_docs``, the module's
+  docstring block and the README's results section too."""
+  report = jsonable(dict(report, summary=exp.summarize(report)))
+  table = exp.render(report)
+  _write_text(os.path.join(out_dir, "table.md"), table)
+  report["plots"] = [os.path.basename(p) for p in exp.plot(report, out_dir)]
+  _write_text(os.path.join(out_dir, "results.json"), json.dumps(report, indent=1))
+  if sync_docs:
+    from experiments import docsync
+
+    docsync.sync_all(exp, out_dir)
+  print(table)
+  return report
+
+
+def rejudge(exp: Experiment, out_dir: str, *, sync_docs: bool = False) -> dict:
+  """Re-judge the results already in ``out_dir`` with the current statistics (no training)."""
+  path = os.path.join(out_dir, "results.json")
+  with open(path) as f:
+    report = json.load(f)
+  if "data" not in report or "config" not in report:
+    raise ValueError(f"{path} was not written by experiments/harness.py (no 'data'/'config')")
+  return write(exp, report, out_dir, sync_docs=sync_docs)

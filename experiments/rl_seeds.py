@@ -12,15 +12,12 @@ Evaluation uses the trainer's ``evaluate`` on each seed's parameters with a fixe
 so every arm and seed is scored on the same problems with the same sampling noise (common random
 numbers: paired comparisons between arms are sharper).
 
-Results of a finished arm are cached as JSON under ``cache_dir`` keyed by the arm's config and
-seeds, so a rerun of the experiment skips them (resumable).
+``arm_units`` makes each arm a ``harness.Unit`` (one vmapped seed block), which the harness caches
+by the arm's config and seeds, so a rerun of an experiment trains only the missing arms.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import time
 from typing import Callable
 
@@ -44,12 +41,6 @@ TRAIN_KEYS = ("reward", "accuracy", "loss", "zero_variance_groups", "adv_abs", "
               "dars_extra_rollouts", "kept_groups")
 
 
-def arm_key(cfg: dict, seeds: list[int], extra: dict | None = None) -> str:
-  blob = json.dumps({"cfg": cfg, "seeds": list(seeds), "extra": extra or {}}, sort_keys=True,
-                    default=str)
-  return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
 def stack_states(trainer: rl.Trainer, seeds: list[int]) -> rl.RLState:
   """[S, ...] initial states, identical except for the PRNG key derived from each seed."""
   base = trainer.init_state()
@@ -67,8 +58,8 @@ def unstack(tree, i: int):
   return jax.tree.map(lambda x: x[i], tree)
 
 
-def run_arm(cfg: dict, seeds: list[int], *, cache_dir: str | None = None,
-            eval_kwargs: dict | None = None, on_step: Callable[[int], None] | None = None,
+def run_arm(cfg: dict, seeds: list[int], *, eval_kwargs: dict | None = None,
+            on_step: Callable[[int], None] | None = None,
             log: Callable[[str], None] = lambda s: None) -> dict:
   """Train ``cfg`` (an RLConfig dict) for each seed; evaluate at step 0, every ``eval_every``
   steps and at the end.
@@ -76,15 +67,6 @@ def run_arm(cfg: dict, seeds: list[int], *, cache_dir: str | None = None,
   Returns {"config", "seeds", "train": {metric: [steps][S] list}, "evals": [per eval point:
   {"step", "per_seed": [eval dict per seed]}], "seconds", "compilations"}.
   """
-  key = arm_key(cfg, seeds, eval_kwargs)
-  path = os.path.join(cache_dir, f"arm-{key}.json") if cache_dir else None
-  if path and os.path.exists(path):
-    with open(path) as f:
-      out = json.load(f)
-    if on_step:
-      on_step(cfg["steps"])
-    log(f"reusing finished arm {path}")
-    return out
   t0 = time.perf_counter()
   trainer = rl.make_train(cfg, log=log)
   states = stack_states(trainer, seeds)
@@ -114,30 +96,19 @@ def run_arm(cfg: dict, seeds: list[int], *, cache_dir: str | None = None,
       evals.append(evaluate(step))
     if on_step:
       on_step(1)
-  out = {"config": cfg, "seeds": list(seeds), "train": {k: v for k, v in train.items() if v},
-         "evals": evals, "seconds": time.perf_counter() - t0,
-         "compilations": trainer.num_traces}
-  if path:
-    os.makedirs(cache_dir, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump(out, f)
-    os.replace(tmp, path)
-  return out
+  return {"config": cfg, "seeds": list(seeds), "train": {k: v for k, v in train.items() if v},
+          "evals": evals, "seconds": time.perf_counter() - t0,
+          "compilations": trainer.num_traces}
 
 
-def diff_ci_unpaired(a, b, n_boot: int = 10000, seed: int = 0) -> dict:
-  """Mean of ``a`` minus mean of ``b`` (independent arms) with a 95% bootstrap interval that
-  resamples each arm's seeds; {"mean", "lo", "hi", "n", "signed"}."""
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  if min(a.size, b.size) < 2:
-    return {"mean": float(a.mean() - b.mean()), "lo": float("nan"), "hi": float("nan"), "n": 1,
-            "signed": True}
-  rng = np.random.default_rng(seed)
-  d = (a[rng.integers(0, a.size, (n_boot, a.size))].mean(1)
-       - b[rng.integers(0, b.size, (n_boot, b.size))].mean(1))
-  return {"mean": float(a.mean() - b.mean()), "lo": float(np.quantile(d, 0.025)),
-          "hi": float(np.quantile(d, 0.975)), "n": int(min(a.size, b.size)), "signed": True}
+def arm_units(cfgs: dict, seeds: list[int]) -> dict:
+  """{arm name: harness.Unit} training each RLConfig dict of ``cfgs`` over ``seeds``."""
+  from experiments import harness
+
+  return {name: harness.Unit({"arm": cfg, "seeds": list(seeds)},
+                             lambda progress, cfg=cfg: run_arm(cfg, list(seeds), on_step=progress),
+                             cfg["steps"])
+          for name, cfg in cfgs.items()}
 
 
 def final_metric(arm: dict, key: str = "pass@1") -> np.ndarray:

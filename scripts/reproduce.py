@@ -6,15 +6,12 @@
     python scripts/reproduce.py mc_grpo --sync-docs  # docstring results block from results/
     python scripts/reproduce.py dars --rejudge       # re-judge results/dars/results.json (seconds)
 
-Each entry of ``EXPERIMENTS`` names a module with ``run(args)``; ``args`` carries ``quick``,
-``seeds`` (None: the experiment's default), ``out`` (None: ``results/<name>``) and
-``no_progress``. Adding an experiment is one line here. An experiment whose claims are data on
-``experiments/harness.py`` also has ``rejudge(out_dir)``: ``--rejudge`` re-judges its committed
-per-seed results with the current statistics, without training.
-
-For the experiments in ``DOC_SYNCED``, a full run into the default ``results/<name>`` also
-rewrites the results block at the end of the module's docstring and the results section of its
-README (``experiments/docsync.py``).
+Each entry of ``EXPERIMENTS`` names a module whose ``EXPERIMENT`` is an
+``experiments.harness.Experiment`` (plain-data config, cached units, claims judged by
+``rlpost.eval.stats``); adding a table is one line here. ``--rejudge`` re-judges the committed
+per-seed results in ``--out`` with the current statistics, without training. A full run (or a
+re-judge) into the default ``results/<name>`` also rewrites the results block at the end of the
+module's docstring and the generated section of its README (``experiments/docsync.py``).
 """
 
 from __future__ import annotations
@@ -38,10 +35,6 @@ EXPERIMENTS = {
     "dars": "experiments.dars",
 }
 
-# Experiments whose module docstring carries their paper-claims table (experiments/docsync.py).
-DOC_SYNCED = ("mc_grpo", "ace", "dars")
-
-
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,15 +49,13 @@ def main(argv=None):
                   help="re-judge the claims of the results already in --out (no training), "
                        "then rewrite table.md, the plots and the docs")
   args = ap.parse_args(argv)
-  from experiments import docsync
+  from experiments import docsync, harness
 
+  module = importlib.import_module(EXPERIMENTS[args.experiment])
+  exp = getattr(module, "EXPERIMENT", None)
   if args.sync_docs:
-    if args.experiment not in DOC_SYNCED:
-      ap.error(f"{args.experiment} has no generated docstring block (those that do: {DOC_SYNCED})")
-    changed = docsync.sync(args.experiment)
-    print(f"{docsync.module_path(args.experiment)}: {'updated' if changed else 'up to date'}")
-    changed = docsync.sync_readme(args.experiment)
-    print(f"experiments/{args.experiment}/README.md: {'updated' if changed else 'up to date'}")
+    for path, changed in docsync.sync_all(exp).items():
+      print(f"{os.path.relpath(path, ROOT)}: {'updated' if changed else 'up to date'}")
     return None
   default_out = args.out is None
   if args.seeds is not None and args.seeds < 1:
@@ -72,21 +63,17 @@ def main(argv=None):
   if args.out is None:
     args.out = os.path.join("results", args.experiment + ("_quick" if args.quick else ""))
   if os.path.exists(args.out) and not os.path.isdir(args.out):
-    raise NotADirectoryError(f"--out {args.out} is a file; it must be a directory (or not exist)")
-  module = importlib.import_module(EXPERIMENTS[args.experiment])
+    ap.error(f"--out {args.out} is a file; it must be a directory (or not exist)")
+  if exp is None:  # not yet on the harness
+    if args.rejudge:
+      ap.error(f"{args.experiment} cannot be re-judged yet (not on experiments/harness.py)")
+    return module.run(args)
+  sync = default_out and not args.quick
   if args.rejudge:
-    if not hasattr(module, "rejudge"):
-      ap.error(f"{args.experiment} cannot be re-judged yet (its claims are not on "
-               "experiments/harness.py)")
     if not os.path.exists(os.path.join(args.out, "results.json")):
-      raise FileNotFoundError(f"--rejudge: no results.json in {args.out}")
-    result = module.rejudge(args.out)
-  else:
-    result = module.run(args)
-  if default_out and not args.quick and args.experiment in DOC_SYNCED:
-    docsync.sync(args.experiment)
-    docsync.sync_readme(args.experiment)
-  return result
+      ap.error(f"--rejudge: no results.json in {args.out}")
+    return harness.rejudge(exp, args.out, sync_docs=sync)
+  return harness.run(exp, args, sync_docs=sync)
 
 
 if __name__ == "__main__":

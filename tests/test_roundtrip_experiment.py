@@ -1,29 +1,38 @@
-"""The round-trip experiment runs end to end at toy size (``reproduce.py roundtrip --quick``),
-writes its files, and resumes from its cache without recomputing a unit."""
+"""The round-trip experiment on ``experiments/harness.py``: a toy-size run end to end
+(``reproduce.py roundtrip --quick``), its cache, a re-judge of its output and of the committed
+results, and the claims' rules."""
 
+import dataclasses
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
 
+from experiments import docsync, harness
 from experiments import roundtrip as exp
 from experiments.roundtrip import claims as CL
 from experiments.roundtrip import config as cfg_lib
 from experiments.roundtrip import unit as U
 from scripts import reproduce
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERDICTS = {CL.REPRODUCED, CL.NOT, CL.INCONCLUSIVE}
+MODULE, README = docsync.paths(exp.EXPERIMENT)
+
+
+def _read(path):
+  with open(path) as f:
+    return f.read()
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
   out = tmp_path_factory.mktemp("roundtrip")
-  with open(exp.README) as f:
-    readme = f.read()
+  docs = _read(README), _read(MODULE)
   reproduce.main(["roundtrip", "--quick", "--out", str(out), "--no-progress"])
-  with open(exp.README) as f:
-    assert f.read() == readme  # a quick run never rewrites the README's results
+  assert (_read(README), _read(MODULE)) == docs  # a quick run never rewrites the docs
   return out
 
 
@@ -33,59 +42,104 @@ def test_quick_run_writes_files_and_table(quick_run):
                "directions.png"):
     assert os.path.getsize(out / name) > 0, name
   res = json.loads((out / "results.json").read_text())
-  assert res["meta"]["mode"] == "quick"
-  assert res["meta"]["command"] == "python scripts/reproduce.py roundtrip --quick"
-  assert set(res["systems"]) == {"kdv1d", "ks1d", "ns2d"}
-  assert {s["role"] for s in res["systems"].values()} == {"fair", "stress"}
-  assert res["systems"]["ks1d"]["role"] == "stress"
-  ids = [c["id"] for c in res["claims"]]
-  assert len(ids) == len(CL.CLAIMS) and len(set(ids)) == len(ids)
-  for c in res["claims"]:
-    assert c["verdict"] in VERDICTS
-    assert all(cell["verdict"] in VERDICTS for cell in c["systems"].values())
+  assert res["experiment"] == "roundtrip"
+  assert res["command"] == "python scripts/reproduce.py roundtrip --quick"
+  assert res["config"]["seeds"] == 2 and len(res["units_run"]) == 12
+  systems = res["data"]["systems"]
+  assert set(systems) == {"kdv1d", "ks1d", "ns2d"}
+  assert {n: s["role"] for n, s in systems.items()} == {"kdv1d": "fair", "ns2d": "fair",
+                                                        "ks1d": "stress"}
   # Specialists and the undertrained model run on kdv1d only (quick and full plans).
-  spec = next(c for c in res["claims"] if c["id"] == "specialists")
-  assert set(spec["systems"]) == {"kdv1d"}
-  kdv = res["systems"]["kdv1d"]
+  kdv = systems["kdv1d"]
   assert {m["kind"] for m in kdv["units"]} == {"bidir", "forward", "backward", "under"}
-  assert len(kdv["per_seed"]) == res["meta"]["seeds"] == 2
+  assert len(kdv["per_seed"]) == 2
   k = len(kdv["depths"])
-  s = kdv["summary"]
-  assert len(s["ranking"]["rho_fixed"]) == k and len(s["ood"]["C"]) == k
-  assert set(s["ranking"]["rho_fixed"][0]) == {"mean", "lo", "hi", "n"}
-  assert len(s["calibration"]["c_logdepth"]["cov68_by_depth"]) == k
+  assert len(kdv["scatter"]["E"]) == k and len(kdv["scatter"]["pred"][0]) > 0
+  s = res["summary"]
+  assert len(s["systems"]["kdv1d"]["ranking"]["rho_fixed"]) == k
+  assert set(s["systems"]["kdv1d"]["ranking"]["rho_fixed"][0]) == {"mean", "lo", "hi", "n"}
+  assert [c["id"] for c in s["claims"]] == [c.id for c in CL.CLAIMS]
+  for c in s["claims"]:
+    assert c["verdict"] in VERDICTS and set(c["systems"].values()) <= VERDICTS
+    if not c["deciding_systems"]:
+      assert c["verdict"] == CL.INCONCLUSIVE
+  spec = next(c for c in s["claims"] if c["id"] == "specialists")
+  assert set(spec["systems"]) == {"kdv1d"}
+  assert set(s["deciding"]) <= {"kdv1d", "ns2d"}  # the stress test never decides
+  for family, vs in s["verdicts"].items():
+    for v in vs:
+      assert v["verdict"] in VERDICTS and v["claim"]["family"] == family
+      assert v["n"][0] == 2 and len(v["claim"]["arms"]) == 1
   table = (out / "table.md").read_text()
-  assert "### Claims of the paper" in table and "### Weaker forms and controls" in table
+  for heading in ("## Paper claims", "## Weaker forms and controls", "## Sanity checks",
+                  "### kdv1d (fair test)", "### ns2d (fair test)", "### ks1d (stress test)"):
+    assert heading in table, heading
   assert "Fair tests: kdv1d, ns2d" in table and "Stress test: ks1d" in table
-  claim_rows = [line for line in table.splitlines() if line.startswith("| `")]
+  assert "Student-t" in table and "exclude the sampling error" in table
+  assert "Dropped: `selective_vs_depth`" in table
+  claim_rows = [line for line in table.splitlines() if line.startswith("| `")
+                and line.count("|") == 7]
   assert len(claim_rows) == len(CL.CLAIMS)
   for line in claim_rows:  # claim, paper, overall verdict, then one cell per system
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert len(cells) == 6, line
     assert cells[2].strip("*") in VERDICTS
-  for name in ("kdv1d", "ns2d", "ks1d"):
-    assert f"### {name} (" in table
+    assert set(cells[3:]) <= VERDICTS | {"n/a"}, line
 
 
-def test_resume_uses_the_cache(quick_run):
+def test_resume_uses_the_cache_and_rejudge_reproduces(quick_run, tmp_path):
   out = quick_run
   before = json.loads((out / "results.json").read_text())
-  res = exp.run(type("Args", (), dict(quick=True, seeds=None, out=str(out), no_progress=True))())
-  assert res["meta"]["num_cached"] == res["meta"]["num_units"]
-  after = json.loads((out / "results.json").read_text())
-  assert after["claims"] == before["claims"]
-  assert after["systems"]["kdv1d"]["summary"] == before["systems"]["kdv1d"]["summary"]
+  table = (out / "table.md").read_text()
+  args = type("Args", (), dict(quick=True, seeds=None, out=str(out), no_progress=True))()
+  res = harness.run(exp.EXPERIMENT, args)
+  assert res["units_run"] == []  # every unit came from the cache
+  assert res["data"] == before["data"] and res["summary"] == before["summary"]
+  # A re-judge needs only results.json (no cache, no training) and writes the same table.
+  shutil.copy(out / "results.json", tmp_path / "results.json")
+  reproduce.main(["roundtrip", "--rejudge", "--out", str(tmp_path)])
+  assert (tmp_path / "table.md").read_text() == table
+  after = json.loads((tmp_path / "results.json").read_text())
+  assert after["summary"] == before["summary"]
+  assert {"scatter.png", "calibration.png"} <= set(os.listdir(tmp_path))
 
 
-def test_stale_cache_entry_is_recomputed(tmp_path):
-  """A cached unit made with another plan is ignored (its fingerprint differs)."""
+def test_committed_results_rejudge_to_the_committed_table(tmp_path):
+  """results/roundtrip holds a harness results.json whose re-judge is table.md as committed (so
+  the table, the docstring block and the README section follow from the per-seed numbers)."""
+  committed = os.path.join(ROOT, "results", "roundtrip")
+  shutil.copy(os.path.join(committed, "results.json"), tmp_path / "results.json")
+  harness.rejudge(exp.EXPERIMENT, str(tmp_path))
+  assert (tmp_path / "table.md").read_text() == _read(os.path.join(committed, "table.md"))
+  res = json.loads((tmp_path / "results.json").read_text())
+  assert res["config"]["seeds"] == 3 and res["summary"]["deciding"] == ["kdv1d"]
+  assert docsync.results_block("roundtrip") in exp.__doc__
+  assert docsync.readme_section("roundtrip") in _read(README)
+
+
+def test_unit_spec_is_the_cache_key(tmp_path):
+  """A cached unit is found under its own spec only: changing anything the unit depends on
+  (here the sampler) or the seed misses the cache."""
   plan = cfg_lib.quick_config().plan("kdv1d")
-  arrays, meta = {"test_E": np.ones((2, 3))}, {"fingerprint": plan.fingerprint("bidir")}
-  U.save_cached(str(tmp_path), plan, "bidir", 0, arrays, meta)
-  hit = U.load_cached(str(tmp_path), plan, "bidir", 0)
-  np.testing.assert_array_equal(hit[0]["test_E"], arrays["test_E"])
-  other = plan.__class__(**{**plan.__dict__, "sampler_steps": plan.sampler_steps + 1})
-  assert U.load_cached(str(tmp_path), other, "bidir", 0) is None
+  cache = harness.UnitCache(str(tmp_path))
+  spec = plan.unit_spec("bidir", 0, 0)
+  assert json.loads(json.dumps(spec)) == spec  # plain data
+  cache.save("kdv1d-bidir-s0", spec, {"test_E": np.ones((2, 3)), "kind": "bidir"}, 1.5)
+  hit, seconds = cache.load("kdv1d-bidir-s0", spec)
+  np.testing.assert_array_equal(hit["test_E"], np.ones((2, 3)))
+  assert hit["kind"] == "bidir" and seconds == 1.5
+  other = dataclasses.replace(plan, sampler_steps=plan.sampler_steps + 1)
+  assert cache.load("kdv1d-bidir-s0", other.unit_spec("bidir", 0, 0)) is None
+  assert cache.load("kdv1d-bidir-s0", plan.unit_spec("bidir", 1, 0)) is None
+  assert plan.unit_spec("under", 0, 0)["train"]["num_steps"] == plan.undertrained_steps
+
+
+def test_config_round_trips_through_plain_data():
+  for quick in (True, False):
+    config = cfg_lib.get_config(quick)
+    cfg = cfg_lib.ExperimentConfig.from_dict(json.loads(json.dumps(config)))
+    assert cfg == (cfg_lib.quick_config() if quick else cfg_lib.full_config())
+  units = exp.units(dict(cfg_lib.get_config(False), seeds=2))
+  assert len(units) == 2 * (4 + 1 + 1) and "kdv1d-under-s1" in units
 
 
 def test_windows_and_start_times():
@@ -103,21 +157,58 @@ def test_windows_and_start_times():
     U.start_times(4, 4, 1)
 
 
-def test_verdict_rules():
-  def ci(mean, lo, hi, n=3):
-    return {"mean": mean, "lo": lo, "hi": hi, "n": n}
+def _seed(skill, rho, cov68=0.68, auroc=(0.97, 0.96)):
+  """A per-seed statistics dict with the entries the claims read."""
+  return {"ranking": {"skill": skill, "rho_fixed": list(rho), "rho_within_depth_mean": 0.6},
+          "calibration": {"c_logdepth": {"factor68": 1.1, "cov68": cov68, "cov95": 0.95,
+                                         "cov68_by_depth": [cov68, cov68]},
+                          "nll_gain": 1.0, "nll_gain_vs_onehot": 1.0},
+          "ood": {"C": list(auroc), "C_depth_mean": float(np.mean(auroc))}}
 
-  assert CL.above(ci(0.9, 0.85, 0.95), 0.8) == CL.REPRODUCED
-  assert CL.above(ci(0.5, 0.4, 0.6), 0.8) == CL.NOT
-  assert CL.above(ci(0.8, 0.7, 0.9), 0.8) == CL.INCONCLUSIVE
-  assert CL.above(ci(0.9, float("nan"), float("nan"), n=1), 0.8) == CL.INCONCLUSIVE
-  assert CL.below(ci(1.1, 1.05, 1.15), 1.2) == CL.REPRODUCED
-  assert CL.below(ci(1.4, 1.3, 1.5), 1.2) == CL.NOT
-  assert CL.band(ci(0.68, 0.65, 0.7), 0.6, 0.76) == CL.REPRODUCED
-  assert CL.band(ci(0.9, 0.85, 0.95), 0.6, 0.76) == CL.NOT
-  assert CL.band(ci(0.74, 0.7, 0.8), 0.6, 0.76) == CL.INCONCLUSIVE
+
+def test_rules_judge_worst_depth_gate_and_families():
+  rng = np.random.default_rng(0)
+  good = [_seed(0.9 + 0.01 * rng.standard_normal(), [0.95, 0.9 + 0.01 * i], 0.68 + 0.005 * i)
+          for i in range(4)]
+  # The worst depth decides a rule made at every depth: a mean depth above 0.8 is not enough.
+  poor = [_seed(0.9 + 0.01 * i, [0.99, 0.5 + 0.01 * i]) for i in range(4)]
+  unskilled = [_seed(0.01 * i, [0.99, 0.99 - 0.01 * i]) for i in range(4)]
+  out = CL.judge({"a": good, "b": poor, "c": unskilled}, {"a": "fair", "b": "fair", "c": "fair"})
+  assert out["deciding"] == ["a", "b"]  # c fails the skill gate
+  claims = {c["id"]: c for c in out["claims"]}
+  fixed = claims["fixed_depth"]
+  assert fixed["systems"] == {"a": CL.REPRODUCED, "b": CL.NOT, "c": CL.REPRODUCED}
+  assert fixed["verdict"] == CL.INCONCLUSIVE  # the deciding systems disagree
+  assert fixed["deciding_systems"] == ["a", "b"]
+  assert "specialists" not in {c["id"] for c in out["claims"] if c["systems"]}
+  fam = out["verdicts"]
+  assert {v["claim"]["arms"][0] for v in fam["paper"]} == {"a", "b"}
+  assert {v["claim"]["arms"][0] for v in fam["paper@c"]} == {"c"}
+  # Holm within the paper family: the same data judged alone has a smaller adjusted p.
+  alone = CL.judge({"a": good}, {"a": "fair"})["verdicts"]["paper"]
+  first = next(v for v in fam["paper"] if v["claim"]["id"] == "fixed_depth.0@a")
+  assert first["p_holm"] > next(v for v in alone if v["claim"]["id"] == "fixed_depth.0@a")[
+      "p_holm"]
+  # Coverage near nominal is an equivalence claim (TOST) on the band.
+  cov = next(v for v in fam["paper"] if v["claim"]["id"] == "calibrator_coverage.0@a")
+  assert cov["claim"]["direction"] == "equivalent" and cov["claim"]["margin"] == CL.BAND68
+  # A stress-test system never decides, whatever its skill.
+  assert CL.judge({"a": good}, {"a": "stress"})["deciding"] == []
+
+
+def test_every_and_overall():
   assert CL.every([CL.REPRODUCED, CL.REPRODUCED]) == CL.REPRODUCED
   assert CL.every([CL.REPRODUCED, CL.INCONCLUSIVE]) == CL.INCONCLUSIVE
   assert CL.every([CL.INCONCLUSIVE, CL.NOT]) == CL.NOT
   assert CL.overall([CL.NOT, CL.NOT]) == CL.NOT
   assert CL.overall([CL.REPRODUCED, CL.NOT]) == CL.INCONCLUSIVE
+
+
+def test_metrics_reduce_per_seed():
+  s = _seed(0.9, [0.9, 0.4, 0.7], cov68=0.6)
+  assert CL.METRICS["rho_fixed_worst"](s) == pytest.approx(0.4)
+  assert CL.METRICS["auroc_C_deepest"](s) == pytest.approx(0.96)
+  assert CL.METRICS["cov68_worst_deviation"](s) == pytest.approx(0.083)
+  assert CL.METRICS["gain_fwd"](s) is None  # no specialists: the part is not judged
+  vals = CL.per_seed_values([s, dict(s, ranking=dict(s["ranking"], skill=None))])
+  assert vals["skill"] == [0.9] and "gain_fwd" not in vals

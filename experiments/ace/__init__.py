@@ -36,7 +36,10 @@ ace-softplus-mul-0.5 against grpo, 10 seeds per arm; one Holm family of 5 claims
 | fewer overconfident errors | ace-softplus-mul-0.5: -0.002 [-0.015, +0.011] | 0.369 (0.915) | 0.365 | 10 vs 10 | 0.019 | inconclusive |
 | slower entropy collapse (higher final token entropy) | ace-softplus-mul-0.5: +0.004 [-0.007, +0.015] | 0.232 (0.915) | 0.224 | 10 vs 10 | 0.016 | inconclusive |
 
-Rules (``experiments/harness.py``): a directional claim is reproduced when the Holm-adjusted one-sided Welch p is <= 0.05 and its 95% Welch interval lies on the claimed side of 0, not reproduced when the interval lies on the other side, inconclusive otherwise; the permutation p (one-sided, not adjusted; two-sided for the equivalence claim) is reported beside it. "pass@k gains grow with k" is judged on each seed's pass@64 - pass@1: the arms are unpaired, so ACE minus GRPO of its means is the gain at k = 64 minus the gain at k = 1. "pass@1 holds" is an equivalence claim with margin 0.01: reproduced when TOST rejects (Holm-adjusted), not reproduced when the 90% interval lies outside the margin. Min. detectable: the difference 80% power would find at these seeds and the arms' pooled SD.
+Statistics: TOST (Welch), margin 0.01; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 10 seeds per arm; pooled seed SD up to 0.0188; minimum detectable effect (80% power) 0.0158-0.025.
+
+Rules (`experiments/harness.py`): a directional claim is reproduced when its Holm-adjusted one-sided p is <= 0.05 and its 95% interval lies beyond the margin (0), not reproduced when the interval lies on the other side of the margin, inconclusive otherwise; an equivalence claim (margin 0.01) is reproduced when TOST rejects (Holm-adjusted), not reproduced when its 90% interval lies wholly outside the margin, inconclusive otherwise. The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD.
+"pass@k gains grow with k" is judged on each seed's pass@64 - pass@1: the arms are unpaired, so ACE minus GRPO of its means is the gain at k = 64 minus the gain at k = 1.
 
 (end of generated results)
 """
@@ -44,15 +47,11 @@ Rules (``experiments/harness.py``): a directional claim is reproduced when the H
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import time
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from experiments import harness, rl_seeds
-from experiments.averaging.report import fmt
 
 MAIN = "ace-softplus-mul-0.5"
 
@@ -137,48 +136,19 @@ def base_config(sz: Sizes) -> dict:
   return cfg
 
 
-def run(args) -> dict:
-  t0 = time.perf_counter()
-  sz = sizes(args.quick)
-  if args.seeds:
-    sz = dataclasses.replace(sz, seeds=args.seeds)
-  os.makedirs(args.out, exist_ok=True)
+def get_config(quick: bool) -> dict:
+  return dataclasses.asdict(sizes(quick))
+
+
+def _sizes(config: dict) -> Sizes:
+  return Sizes(**dict(config, alphas=tuple(config["alphas"])))
+
+
+def units(config: dict) -> dict:
+  sz = _sizes(config)
   base = base_config(sz)
-  seeds = list(range(sz.seeds))
-  spec = arms(sz)
-  bar = tqdm(total=sz.steps * len(spec), desc="ace", disable=args.no_progress, dynamic_ncols=True)
-  results = {}
-  for name, kw in spec.items():
-    bar.set_postfix(arm=name)
-    results[name] = rl_seeds.run_arm(arm_config(base, kw), seeds,
-                                     cache_dir=os.path.join(args.out, "cache"), on_step=bar.update)
-  bar.close()
-  command = "python scripts/reproduce.py ace" + (" --quick" if args.quick else "") + (
-      f" --seeds {args.seeds}" if args.seeds else "")
-  report = {"command": command, "sizes": dataclasses.asdict(sz), "base_config": base,
-            "seconds": time.perf_counter() - t0, "arms": results}
-  return write(report, args.out)
-
-
-def write(report: dict, out_dir: str) -> dict:
-  """Judge the claims of a report (its per-seed results), then write results.json, table.md and
-  the plots into ``out_dir``."""
-  sz = Sizes(**dict(report["sizes"], alphas=tuple(report["sizes"]["alphas"])))
-  report["summary"] = summarize(report["arms"], sz)
-  with open(os.path.join(out_dir, "results.json"), "w") as f:
-    json.dump(report, f, indent=1, default=float)
-  table = render(report["summary"], sz, report)
-  with open(os.path.join(out_dir, "table.md"), "w") as f:
-    f.write(table)
-  plot(report["arms"], report["summary"], sz, out_dir)
-  print(table)
-  return report
-
-
-def rejudge(out_dir: str) -> dict:
-  """Re-judge the committed results in ``out_dir`` (no training)."""
-  with open(os.path.join(out_dir, "results.json")) as f:
-    return write(json.load(f), out_dir)
+  cfgs = {name: arm_config(base, kw) for name, kw in arms(sz).items()}
+  return rl_seeds.arm_units(cfgs, list(range(sz.seeds)))
 
 
 def _ks(sz: Sizes) -> list[int]:
@@ -204,7 +174,8 @@ def per_seed(results: dict, sz: Sizes) -> dict:
   return out
 
 
-def summarize(results: dict, sz: Sizes) -> dict:
+def summarize(report: dict) -> dict:
+  results, sz = report["data"], _sizes(report["config"])
   ks = _ks(sz)
   cols = [f"pass@{k}" for k in ks] + ["token_entropy", "overconfident_errors"]
   s = {"ks": ks, "cells": {}, "gain": {}, "start": {}}
@@ -224,8 +195,10 @@ def summarize(results: dict, sz: Sizes) -> dict:
   return s
 
 
-def render(s: dict, sz: Sizes, report: dict) -> str:
+def render(report: dict) -> str:
+  s, sz = report["summary"], _sizes(report["config"])
   ks = s["ks"]
+  cols = [f"pass@{k}" for k in ks] + ["token_entropy", "overconfident_errors"]
   names = list(s["cells"])
   lines = ["# ACE at CPU scale", "",
            f"`{report['command']}`: {sz.seeds} seeds per arm, {sz.steps} RL steps, G={sz.group_size}; "
@@ -239,14 +212,12 @@ def render(s: dict, sz: Sizes, report: dict) -> str:
            "| --- | " + " | ".join("---" for _ in ks) + " | --- | --- |"]
   for n in names:
     c = s["cells"][n]
-    lines.append(f"| {n} | " + " | ".join(fmt(c[f"pass@{k}"]) for k in ks)
-                 + f" | {fmt(c['token_entropy'])} | {fmt(c['overconfident_errors'])} |")
+    lines.append(f"| {n} | " + " | ".join(harness.fmt(c[key]) for key in cols) + " |")
   lines += ["", "## ACE minus GRPO", "",
             "| arm | " + " | ".join(f"pass@{k}" for k in ks) + " | token entropy | overconfident errors |",
             "| --- | " + " | ".join("---" for _ in ks) + " | --- | --- |"]
   for n, g in s["gain"].items():
-    lines.append(f"| {n} | " + " | ".join(fmt(g[f"pass@{k}"]) for k in ks)
-                 + f" | {fmt(g['token_entropy'])} | {fmt(g['overconfident_errors'])} |")
+    lines.append(f"| {n} | " + " | ".join(harness.fmt(g[key]) for key in cols) + " |")
   kmax = max(ks)
   lines += ["", f"## Paper claims (main arm, pre-declared: {s['main']})", "",
             f"{s['main']} against grpo, {sz.seeds} seeds per arm; one Holm family of "
@@ -256,22 +227,15 @@ def render(s: dict, sz: Sizes, report: dict) -> str:
             "evaluated on the same fixed test problems with the same evaluation key). The "
             "other arms (the alpha sweep and the variants) are described above, not judged.", "",
             *harness.verdict_rows(s["claims"])]
-  lines += ["",
-            "Rules (``experiments/harness.py``): a directional claim is reproduced when the "
-            "Holm-adjusted one-sided Welch p is <= 0.05 and its 95% Welch interval lies on the "
-            "claimed side of 0, not reproduced when the interval lies on the other side, "
-            "inconclusive otherwise; the permutation p (one-sided, not adjusted; two-sided for "
-            "the equivalence claim) is reported beside it. \"pass@k gains grow with k\" is "
-            f"judged on each seed's pass@{kmax} - pass@1: the arms are unpaired, so ACE minus "
-            f"GRPO of its means is the gain at k = {kmax} minus the gain at k = 1. \"pass@1 "
-            f"holds\" is an equivalence claim with margin {PASS1_MARGIN:g}: reproduced when TOST "
-            "rejects (Holm-adjusted), not reproduced when the 90% interval lies outside the "
-            "margin. Min. detectable: the difference 80% power would find at these seeds and the "
-            "arms' pooled SD.", ""]
+  lines += ["", harness.protocol_note(s["claims"]), "", harness.rules_note(s["claims"]),
+            f"\"pass@k gains grow with k\" is judged on each seed's pass@{kmax} - pass@1: the "
+            f"arms are unpaired, so ACE minus GRPO of its means is the gain at k = {kmax} minus "
+            "the gain at k = 1.", ""]
   return "\n".join(lines)
 
 
-def plot(results: dict, s: dict, sz: Sizes, out_dir: str) -> None:
+def plot(report: dict, out_dir: str) -> list[str]:
+  results, s = report["data"], report["summary"]
   import matplotlib
 
   matplotlib.use("Agg")
@@ -280,8 +244,8 @@ def plot(results: dict, s: dict, sz: Sizes, out_dir: str) -> None:
   ks = s["ks"]
   fig, ax = plt.subplots(figsize=(5.5, 3.6))
   for n, c in s["cells"].items():
-    ax.plot(ks, [c[f"pass@{k}"]["mean"] for k in ks], "o-", label=n,
-            lw=2.5 if n in ("grpo", s["main"]) else 1)
+    harness.errorbars(ax, ks, [c[f"pass@{k}"] for k in ks], label=n, capsize=2,
+                      lw=2.5 if n in ("grpo", s["main"]) else 1)
   ax.plot(ks, [s["start"][f"pass@{k}"] for k in ks], "k:", label="SFT start")
   ax.set_xscale("log", base=2)
   ax.set_xlabel("k")
@@ -310,3 +274,9 @@ def plot(results: dict, s: dict, sz: Sizes, out_dir: str) -> None:
   fig.tight_layout()
   fig.savefig(os.path.join(out_dir, "training.png"), dpi=120)
   plt.close(fig)
+  return [os.path.join(out_dir, f) for f in ("passk.png", "training.png")]
+
+
+EXPERIMENT = harness.Experiment(name="ace", get_config=get_config, units=units,
+                                summarize=summarize, render=render, plot=plot,
+                                module="experiments.ace")

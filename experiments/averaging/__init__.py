@@ -1,106 +1,187 @@
 """Checkpoint averaging on a small language model: LAWA, EMA, SWA, post-hoc EMA, MWA.
 
-Command:  python scripts/reproduce.py averaging [--quick] [--seeds N] [--out DIR]
+Command:  python scripts/reproduce.py averaging [--quick] [--seeds N] [--out DIR] [--rejudge]
 Hardware: CPU (2 cores); every run of the sweep is trained side by side in one jitted, vmapped
-program (``sweep.py``). Data: an order-2 Markov language (vocabulary 64, sequences of 64) with a
-known entropy floor (``lm.py``). Tables: T1 ``t1_lr_gain.py``, T2 ``t2_spacing.py``,
-T3 ``t3_methods.py``, T4 ``t4_mwa.py``. T5 (averaging RL checkpoints) is ``t5_rl.py``, run by
+program (``sweep.py``), one ``harness.Unit`` whose result keeps every per-run evaluation point.
+Data: an order-2 Markov language (vocabulary 64, sequences of 64) with a known entropy floor
+(``lm.py``). Tables: T1 ``t1_lr_gain.py``, T2 ``t2_spacing.py``, T3 ``t3_methods.py``, T4
+``t4_mwa.py``. T5 (averaging RL checkpoints) is ``t5_rl.py``, run by
 ``python scripts/reproduce.py averaging_rl`` into ``results/averaging_rl``.
 
-Outputs in ``--out`` (default ``results/averaging``): ``table.md``, ``results.json`` (every number,
-the config, the seeds, the command, the hardware and the runtime), ``curves.png``,
-``t1_gain_vs_lr.png``, ``t2_gain_vs_nu.png``, ``t4_mwa.png``. A full run also rewrites the
-generated results section of ``experiments/averaging/README.md`` from ``results.json``; the
-numbers live there and in ``results.json`` only.
+Claims are ``harness.Claim`` data judged by ``harness.judge_family``, one Holm family per paper
+(Kaddour 2022, Sanyal et al. 2023, Karras et al. 2024, Choi & Yu 2025). The pre-declared metric of
+every claim is the excess loss at the final evaluation (nats above the entropy floor, exact KL on
+the fixed held-out sequences), per seed; an averaged policy against the raw one (or two averages)
+of the same runs is a paired comparison (``paired=True``); comparisons across learning rates are
+Welch.
+
+Outputs in ``--out`` (default ``results/averaging``): ``table.md``, ``results.json`` (the config,
+the machine, the runtime and every per-run evaluation point, so ``--rejudge`` and the plots need
+nothing else), ``curves.png``, ``t1_gain_vs_lr.png``, ``t2_gain_vs_nu.png``, ``t4_mwa.png``.
+
+Results on this CPU (generated from results/averaging/table.md; do not edit by hand):
+
+`python scripts/reproduce.py averaging`: 18 runs (3 seeds per setting), 1000 steps each; model 49,344 parameters; entropy floor 1.8198 nats/token; 18.7 min on x86_64, 2 CPU cores, jax 0.10.2 on cpu. Cells: mean [95% t interval over seeds]; a difference of two policies of the same runs: paired t interval.
+
+## Paper claims
+
+Pre-declared metric: the excess loss at the final evaluation (step 1000), 3 seeds; one Holm family per paper. Intervals cover seed-to-seed variation (initialisation and data order) only: every run and policy is scored on the same fixed 64 held-out sequences (exact KL to the true next-token distribution, no target sampling), so they exclude evaluation-data sampling error.
+
+| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
+| --- | --- | --- | --- | --- | --- | --- |
+| Kaddour 2022: the average of the k latest checkpoints has a lower loss than the raw run (constant LR 0.001) | LAWA k=5 nu=50, LR 0.001: -0.024 [-0.033, -0.015] | 0.00348 (0.00348) | 0.125 | 3 vs 3 | 0.008 | reproduced |
+| Kaddour 2022: the average of the k latest checkpoints has a lower loss than the raw run (constant LR 0.003) | LAWA k=5 nu=50, LR 0.003: -0.047 [-0.056, -0.037] | 0.00111 (0.00222) | 0.125 | 3 vs 3 | 0.008 | reproduced |
+| Kaddour 2022: the average of the k latest checkpoints has a lower loss than the raw run (constant LR 0.01) | LAWA k=5 nu=50, LR 0.01: -0.066 [-0.076, -0.056] | 0.000635 (0.0019) | 0.125 | 3 vs 3 | 0.009 | reproduced |
+| Kaddour 2022: the average of the k latest checkpoints has a lower loss than the raw run (constant LR 0.03) | LAWA k=5 nu=50, LR 0.03: -0.082 [-0.090, -0.073] | 0.000274 (0.0011) | 0.125 | 3 vs 3 | 0.007 | reproduced |
+| Sanyal et al. 2023: higher learning rates give higher averaging gains (final LAWA gain, LR 0.03 vs 0.001) | gain at LR 0.03: +0.058 [+0.050, +0.065] | 1.59e-05 (7.97e-05) | 0.05 | 3 vs 3 | 0.010 | reproduced |
+| Sanyal et al. 2023: larger spacing between averaged checkpoints amplifies the gain (LAWA nu=100 vs nu=10, LR 0.03) | LAWA nu=100, LR 0.03: +0.001 [-0.001, +0.002] | 0.871 (1) | 0.875 | 3 vs 3 | 0.002 | inconclusive |
+| Sanyal et al. 2023: LAWA outperforms EMA (decay 0.9 every step; LR 0.03) | LAWA, LR 0.03: -0.024 [-0.029, -0.018] | 0.00158 (0.00533) | 0.125 | 3 vs 3 | 0.005 | reproduced |
+| Sanyal et al. 2023: LAWA outperforms SWA (every 10 steps; LR 0.03) | LAWA, LR 0.03: -0.022 [-0.027, -0.017] | 0.00133 (0.00533) | 0.125 | 3 vs 3 | 0.004 | reproduced |
+| Sanyal et al. 2023: LAWA outperforms EMA (checked here against an EMA with its decay tuned, 0.9901, a stronger baseline; LR 0.03) | LAWA, LR 0.03: +0.013 [+0.009, +0.017] | 0.997 (1) | 1 | 3 vs 3 | 0.004 | not reproduced |
+| Karras et al. 2024: a post-hoc reconstructed EMA (sigma_rel 0.1) is as good as training with a tuned EMA, within 0.01 nats (LR 0.03) | post-hoc EMA, LR 0.03: -0.001 [-0.001, -0.000] | 1.6e-05 (1.6e-05) | 0.25 | 3 vs 3 | 0.000 | reproduced |
+| Choi & Yu 2025: loss-weighted MWA beats the uniform average of the checkpoints (constant LR 0.001) | MWA loss p=8, LR 0.001: -0.100 [-0.127, -0.072] | 0.00204 (0.00507) | 0.125 | 3 vs 3 | 0.024 | reproduced |
+| Choi & Yu 2025: loss-weighted MWA beats the uniform average of the checkpoints (constant LR 0.003) | MWA loss p=8, LR 0.003: -0.037 [-0.046, -0.028] | 0.00169 (0.00507) | 0.125 | 3 vs 3 | 0.008 | reproduced |
+| Choi & Yu 2025: loss-weighted MWA beats the uniform average of the checkpoints (constant LR 0.01) | MWA loss p=8, LR 0.01: -0.018 [-0.021, -0.015] | 0.000562 (0.00225) | 0.125 | 3 vs 3 | 0.002 | reproduced |
+| Choi & Yu 2025: loss-weighted MWA beats the uniform average of the checkpoints (constant LR 0.03) | MWA loss p=8, LR 0.03: -0.015 [-0.020, -0.011] | 0.002 (0.00507) | 0.125 | 3 vs 3 | 0.004 | reproduced |
+| Choi & Yu 2025: loss-weighted MWA can surpass the final checkpoint (highest constant LR, 0.03) | MWA loss p=8, LR 0.03: -0.074 [-0.083, -0.065] | 0.00039 (0.00195) | 0.125 | 3 vs 3 | 0.008 | reproduced |
+
+Statistics: TOST (paired t), margin 0.01; Welch interval and one-sided Welch test; paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 3 seeds per arm; pooled seed SD up to 0.0111; minimum detectable effect (80% power) 0.000202-0.024.
+
+Rules (``experiments/harness.py``): "lower loss" is reproduced when the Holm-adjusted one-sided t test (paired for policies of the same runs, Welch across learning rates) gives p <= 0.05 and the 95% interval of a - b lies below 0, not reproduced when it lies above 0, inconclusive otherwise; "higher gain" likewise with the signs flipped. "As good as" is an equivalence claim by TOST with margin 0.01 nats. The permutation p (exact sign-flip or relabeling, not adjusted) is reported beside it. "Tuned" EMA decays, post-hoc widths and MWA penalties are chosen on the same evaluation set (optimistic baselines). Min. detectable: the difference 80% power would find at these seeds and the pooled seed SD.
+
+(end of generated results)
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import platform
-import sys
-import time
 
 import numpy as np
 
+from experiments import harness
+from experiments.averaging import lm, sweep, t1_lr_gain, t2_spacing, t3_methods, t4_mwa
 from experiments.averaging import report as R
-from experiments.averaging import sweep, t1_lr_gain, t2_spacing, t3_methods, t4_mwa
 
 TABLES = (("t1", t1_lr_gain), ("t2", t2_spacing), ("t3", t3_methods), ("t4", t4_mwa))
 README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+# What results.json keeps of the sweep (every per-run evaluation point).
+DATA_KEYS = ("runs", "methods", "steps", "evals", "train_loss", "posthoc_ema",
+             "posthoc_sigma_rels", "mwa", "mwa_weights_run0", "entropy_floor", "num_params",
+             "sweep_seconds")
 
 
-def config_for(args) -> sweep.SweepConfig:
-  cfg = sweep.quick_config() if getattr(args, "quick", False) else sweep.SweepConfig()
-  if getattr(args, "seeds", None):
-    cfg = dataclasses.replace(cfg, seeds=int(args.seeds))
-  return cfg
+def get_config(quick: bool) -> dict:
+  cfg = sweep.quick_config() if quick else sweep.SweepConfig()
+  return dict(dataclasses.asdict(cfg), model=cfg.model._asdict())
 
 
-def _jsonable(x):
-  if isinstance(x, dict):
-    return {str(k): _jsonable(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [_jsonable(v) for v in x]
-  if isinstance(x, np.ndarray):
-    return _jsonable(x.tolist())
-  if isinstance(x, (np.floating, float)):
-    v = float(x)
-    return None if np.isnan(v) else round(v, 6)
-  if isinstance(x, np.integer):
-    return int(x)
-  return x
+def sweep_config(config: dict) -> sweep.SweepConfig:
+  kw = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k != "model"}
+  return sweep.SweepConfig(**kw, model=lm.ModelConfig(**config["model"]))
 
 
-def claim_lines(results: dict) -> list[dict]:
-  out = []
-  for name, _ in TABLES:
-    for c in results[name].get("claims", []):
-      v = R.verdict(c["effect"], margin=c.get("margin", 0.0))
-      out.append({"table": name.upper(), "id": c["id"], "verdict": v, "paper": c["paper"],
-                  "ours": f"{R.fmt(R.signed(c['effect']))} nats ({c['where']})"})
+def _run_sweep(config: dict, progress) -> dict:
+  out = sweep.run_sweep(sweep_config(config), progress=False, on_block=progress)
+  out["sweep_seconds"] = out.pop("seconds")  # the harness records the unit's own "seconds"
   return out
 
 
-def markdown(results: dict, meta: dict) -> str:
-  parts = [f"## Results ({meta['mode']} run)\n",
-           f"Command: `{meta['command']}`  \nHardware: {meta['hardware']}  \n"
-           f"Runtime: {meta['seconds']['total']:.0f} s (compile and first block "
-           f"{meta['seconds']['compile_and_first_block']:.0f} s)  \n"
-           f"Runs: {meta['num_runs']} ({meta['seeds']} seeds per setting), {meta['steps']} steps "
-           f"each; model {meta['num_params']:,} parameters; entropy floor "
-           f"{meta['entropy_floor']:.4f} nats/token.\n",
-           "### Claims\n"]
-  for c in results["claims"]:
-    parts.append(f"- **{c['verdict']}** ({c['table']}) {c['paper']}. Ours: {c['ours']}.")
-  parts.append("")
+def units(config: dict) -> dict:
+  cfg = sweep_config(config)
+  return {"sweep": harness.Unit(config, lambda progress: _run_sweep(config, progress),
+                                cfg.steps // cfg.eval_every)}
+
+
+def collect(config: dict, results: dict) -> dict:
+  return {k: results["sweep"][k] for k in DATA_KEYS}
+
+
+def _arrays(data: dict) -> dict:
+  """``data`` with the per-run evaluations as float arrays (JSON nulls as NaN)."""
+  arr = lambda x: np.asarray(x, np.float64)
+  return dict(data, evals=arr(data["evals"]), train_loss=arr(data["train_loss"]),
+              posthoc_ema=arr(data["posthoc_ema"]),
+              mwa={k: arr(v) for k, v in data["mwa"].items()})
+
+
+def summarize(report: dict) -> dict:
+  cfg, data = sweep_config(report["config"]), _arrays(report["data"])
+  claims = R.Claims()
+  tables = {name: mod.compute(data, cfg, claims) for name, mod in TABLES}
+  judged = harness.judge_family(claims.claims, claims.values) if cfg.seeds >= 2 else []
+  return {"tables": tables, "claims": [v.to_json() for v in judged],
+          "verdicts": {v.claim.id: v.verdict for v in judged}}
+
+
+def render(report: dict) -> str:
+  s, d, cfg = report["summary"], report["data"], sweep_config(report["config"])
+  judged = s["claims"]
+  lines = ["# Checkpoint averaging on a small language model", "",
+           f"`{report['command']}`: {len(d['runs'])} runs ({cfg.seeds} seeds per setting), "
+           f"{cfg.steps} steps each; model {d['num_params']:,} parameters; entropy floor "
+           f"{d['entropy_floor']:.4f} nats/token; {report['seconds'] / 60:.1f} min on "
+           f"{R.machine_text(report.get('machine'))}. Cells: mean [95% t interval over seeds]; a "
+           "difference of two policies of the same runs: paired t interval.", "",
+           "## Paper claims", "",
+           f"Pre-declared metric: the excess loss at the final evaluation (step {cfg.steps}), "
+           f"{cfg.seeds} seeds; one Holm family per paper. Intervals cover seed-to-seed variation "
+           "(initialisation and data order) only: every run and policy is scored on the same "
+           f"fixed {cfg.eval_seqs} held-out sequences (exact KL to the true next-token "
+           "distribution, no target sampling), so they exclude evaluation-data sampling error.",
+           ""]
+  lines += R.verdict_section(judged)
+  lines += ["Rules (``experiments/harness.py``): \"lower loss\" is reproduced when the "
+            "Holm-adjusted one-sided t test (paired for policies of the same runs, Welch across "
+            "learning rates) gives p <= 0.05 and the 95% interval of a - b lies below 0, not "
+            "reproduced when it lies above 0, inconclusive otherwise; \"higher gain\" likewise "
+            "with the signs flipped. \"As good as\" is an equivalence claim by TOST with margin "
+            f"{t3_methods.POSTHOC_MARGIN:g} nats. The permutation p (exact sign-flip or "
+            "relabeling, not adjusted) is reported beside it. \"Tuned\" EMA decays, post-hoc "
+            "widths and MWA penalties are chosen on the same evaluation set (optimistic "
+            "baselines). Min. detectable: the difference 80% power would find at these seeds and "
+            "the pooled seed SD.", ""]
   for name, mod in TABLES:
-    parts.append(mod.markdown(results[name]) + "\n")
-  return "\n".join(parts)
+    lines += [mod.markdown(s["tables"][name]), ""]
+  return "\n".join(lines)
 
 
-def plots(data: dict, results: dict, cfg, out_dir: str) -> list[str]:
+def _curve_cells(curves: np.ndarray) -> list[dict]:
+  """[S, E] per-seed curves -> a t-interval cell per evaluation step."""
+  nan = float("nan")
+  return [harness.cell(c) if np.isfinite(c).all() else {"mean": nan, "lo": nan, "hi": nan}
+          for c in curves.T]  # NaN: not recorded (converted results)
+
+
+def plot(report: dict, out_dir: str) -> list[str]:
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
+  s, cfg, data = report["summary"]["tables"], sweep_config(report["config"]), _arrays(report["data"])
+  ev, steps = data["evals"], data["steps"]
   files = []
-  rows = results["t3"]["rows"]
+  rows = s["t3"]["rows"]
   fig, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 3.2), sharey=True, squeeze=False)
   for ax, r in zip(axes[0], rows):
-    for k, style in (("raw", "k-"), ("lawa", "C0-"), ("ema_tuned", "C1--"), ("swa", "C2:"),
-                     ("posthoc_ema", "C3-.")):
-      if k in r["curves_mean"]:
-        ax.plot(data["steps"], r["curves_mean"][k], style, label=k, lw=1.2)
+    idx = R.run_index(data, r["schedule"], r["lr"])
+    tuned = r["ema_tuned"]
+    curves = {"raw": ev[idx, :, 0],
+              "lawa": ev[idx, :, R.method_index(data, f"lawa_nu{cfg.lawa_main_nu}")],
+              "ema_tuned": ev[idx, :, R.method_index(data, tuned)],
+              "swa": ev[idx, :, R.method_index(data, "swa")],
+              "posthoc_ema": data["posthoc_ema"][idx, :, data["posthoc_sigma_rels"].index(
+                  r["posthoc_sigma_rel"])]}
+    for k, color in (("raw", "k"), ("lawa", "C0"), ("ema_tuned", "C1"), ("swa", "C2"),
+                     ("posthoc_ema", "C3")):
+      harness.errorbars(ax, steps, _curve_cells(curves[k]), color=color, label=k, lw=1.0,
+                        marker=".", markersize=3, capsize=1.5)
     ax.set_title(f"LR {R.lr_label(r['schedule'], r['lr'])}", fontsize=9)
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
-  axes[0][0].set_ylabel("excess loss (nats, seed mean)")
+  axes[0][0].set_ylabel("excess loss (nats; mean, 95% t interval)")
   axes[0][0].legend(fontsize=7)
   fig.tight_layout()
   files.append(os.path.join(out_dir, "curves.png"))
@@ -108,18 +189,14 @@ def plots(data: dict, results: dict, cfg, out_dir: str) -> list[str]:
   plt.close(fig)
 
   fig, ax = plt.subplots(figsize=(4.5, 3.2))
-  const = [r for r in results["t1"]["rows"] if r["schedule"] == "constant"]
+  const = [r for r in s["t1"]["rows"] if r["schedule"] == "constant"]
   for f in const[0]["gain"]:
-    m = np.array([r["gain"][f]["mean"] for r in const])
-    lo = np.array([r["gain"][f]["lo"] for r in const])
-    hi = np.array([r["gain"][f]["hi"] for r in const])
-    x = [r["lr"] for r in const]
-    ax.errorbar(x, m, yerr=[m - lo, hi - m] if np.all(np.isfinite(lo)) else None, marker="o",
-                capsize=3, label=f"at {f}")
+    harness.errorbars(ax, [r["lr"] for r in const], [r["gain"][f] for r in const],
+                      label=f"at {f}")
   ax.axhline(0, color="k", lw=0.8)
   ax.set_xscale("log")
   ax.set_xlabel("peak LR")
-  ax.set_ylabel("LAWA gain (nats)")
+  ax.set_ylabel("LAWA gain (nats; 95% t interval)")
   ax.legend(fontsize=8)
   ax.grid(alpha=0.3)
   fig.tight_layout()
@@ -127,19 +204,19 @@ def plots(data: dict, results: dict, cfg, out_dir: str) -> list[str]:
   fig.savefig(files[-1], dpi=110)
   plt.close(fig)
 
-  t2 = results["t2"]["rows"]
+  t2 = s["t2"]["rows"]
   lrs = sorted({r["lr"] for r in t2})
   fig, axes = plt.subplots(1, len(lrs), figsize=(3.2 * len(lrs), 3.0), sharey=True, squeeze=False)
   for ax, lr in zip(axes[0], lrs):
     sub = [r for r in t2 if r["lr"] == lr]
     for f in sub[0]["gain"]:
-      ax.plot([r["nu"] for r in sub], [r["gain"][f]["mean"] for r in sub], "o-", label=f"at {f}")
+      harness.errorbars(ax, [r["nu"] for r in sub], [r["gain"][f] for r in sub], label=f"at {f}")
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xscale("log")
     ax.set_title(f"LR {lr:g}", fontsize=9)
     ax.set_xlabel("spacing nu (steps)")
     ax.grid(alpha=0.3)
-  axes[0][0].set_ylabel("LAWA gain (nats)")
+  axes[0][0].set_ylabel("LAWA gain (nats; 95% t interval)")
   axes[0][0].legend(fontsize=7)
   fig.tight_layout()
   files.append(os.path.join(out_dir, "t2_gain_vs_nu.png"))
@@ -147,16 +224,16 @@ def plots(data: dict, results: dict, cfg, out_dir: str) -> list[str]:
   plt.close(fig)
 
   fig, ax = plt.subplots(figsize=(4.5, 3.2))
-  for r in results["t4"]["rows"]:
+  for r in s["t4"]["rows"]:
     if r["schedule"] != "constant":
       continue
     keys = ["uniform"] + sorted([k for k in r["cells"] if k.startswith("loss_p")],
                                 key=lambda k: float(k[6:]))
     ps = [0.0] + [float(k[6:]) for k in keys[1:]]
-    ax.plot(ps, [r["cells"][k]["mean"] for k in keys], "o-", label=f"LR {r['lr']:g}")
-    ax.axhline(r["cells"]["last"]["mean"], ls=":", lw=0.8, color=ax.lines[-1].get_color())
+    bars = harness.errorbars(ax, ps, [r["cells"][k] for k in keys], label=f"LR {r['lr']:g}")
+    ax.axhline(r["cells"]["last"]["mean"], ls=":", lw=0.8, color=bars.lines[0].get_color())
   ax.set_xlabel("MWA penalty p (loss-weighted; dotted: last checkpoint)")
-  ax.set_ylabel("excess loss (nats)")
+  ax.set_ylabel("excess loss (nats; 95% t interval)")
   ax.set_yscale("log")
   ax.legend(fontsize=7)
   ax.grid(alpha=0.3)
@@ -167,55 +244,6 @@ def plots(data: dict, results: dict, cfg, out_dir: str) -> list[str]:
   return files
 
 
-def update_readme(text: str, path: str = README) -> None:
-  with open(path) as f:
-    doc = f.read()
-  if BEGIN not in doc or END not in doc:
-    raise ValueError(f"{path} has no {BEGIN} ... {END} section")
-  head, rest = doc.split(BEGIN, 1)
-  _, tail = rest.split(END, 1)
-  with open(path, "w") as f:
-    f.write(head + BEGIN + "\n" + text.strip() + "\n" + END + tail)
-
-
-def run(args) -> dict:
-  """Run the sweep, build T1-T4, write table.md, results.json and plots into ``args.out``."""
-  cfg = config_for(args)
-  quick = bool(getattr(args, "quick", False))
-  out_dir = getattr(args, "out", None) or os.path.join("results", "averaging")
-  os.makedirs(out_dir, exist_ok=True)
-  t0 = time.perf_counter()
-  data = sweep.run_sweep(cfg, progress=not getattr(args, "no_progress", False))
-  results = {name: mod.compute(data, cfg) for name, mod in TABLES}
-  results["claims"] = claim_lines(results)
-  import jax
-
-  meta = {
-      "mode": "quick" if quick else "full",
-      "command": "python scripts/reproduce.py averaging" + (" --quick" if quick else "")
-                 + (f" --seeds {args.seeds}" if getattr(args, "seeds", None) else ""),
-      "hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, "
-                  f"jax {jax.__version__} on {jax.devices()[0].platform}",
-      "python": sys.version.split()[0],
-      "seconds": dict(data["seconds"], total=time.perf_counter() - t0),
-      "num_runs": len(data["runs"]), "seeds": cfg.seeds, "steps": cfg.steps,
-      "num_params": data["num_params"], "entropy_floor": data["entropy_floor"],
-  }
-  cfg_json = dataclasses.asdict(cfg)
-  cfg_json["model"] = cfg.model._asdict()
-  text = markdown(results, meta)
-  with open(os.path.join(out_dir, "table.md"), "w") as f:
-    f.write(text + "\n")
-  files = plots(data, results, cfg, out_dir)
-  payload = {"meta": meta, "config": cfg_json, "runs": data["runs"], "steps": data["steps"],
-             "methods": data["methods"], "evals": np.round(data["evals"], 6),
-             "train_loss": np.round(data["train_loss"], 6), "tables": {k: results[k] for k, _ in TABLES},
-             "claims": results["claims"], "plots": [os.path.basename(p) for p in files]}
-  with open(os.path.join(out_dir, "results.json"), "w") as f:
-    json.dump(_jsonable(payload), f, indent=1)
-  if not quick and getattr(args, "update_readme", True):
-    update_readme(text)
-  print(text)
-  print(f"\nwrote {out_dir}/table.md, results.json and {len(files)} plots "
-        f"in {meta['seconds']['total']:.0f} s")
-  return payload
+EXPERIMENT = harness.Experiment(name="averaging", get_config=get_config, units=units,
+                                summarize=summarize, render=render, plot=plot, collect=collect,
+                                module="experiments.averaging", readme=README)

@@ -1,4 +1,5 @@
-"""Shared helpers of the averaging tables: grouping runs by setting, seed statistics, verdicts.
+"""Table-specific helpers of the averaging tables: grouping runs by setting, indices, labels, and
+collecting per-seed values for ``harness.Claim`` s.
 
 Shape legend: R runs, E eval points, M methods (index 0 is the raw checkpoint). Losses are excess
 losses in nats (cross-entropy above the language's entropy floor); a gain is raw minus method, so a
@@ -7,11 +8,12 @@ positive gain means the average is better.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from rlpost.eval.metrics import mean_ci, paired_difference_ci
+from experiments import harness
+
+# The pre-declared metric of every claim in T1-T4: excess loss at the final evaluation.
+METRIC = "final excess loss (nats)"
 
 
 def settings(data: dict) -> list[tuple[str, float]]:
@@ -41,40 +43,10 @@ def method_index(data: dict, name: str) -> int:
   return data["methods"].index(name)
 
 
-def ci(values) -> dict:
-  m, lo, hi = mean_ci(np.asarray(values, np.float64))
-  return {"mean": m, "lo": lo, "hi": hi, "n": int(np.size(values))}
-
-
-def diff_ci(a, b) -> dict:
-  m, lo, hi = paired_difference_ci(np.asarray(a, np.float64), np.asarray(b, np.float64))
-  return {"mean": m, "lo": lo, "hi": hi, "n": int(np.size(a))}
-
-
-def fmt(c: dict, digits: int = 3) -> str:
-  """'0.123 [0.100, 0.140]' (no interval for a single seed)."""
-  if c is None:
-    return "—"
-  if c.get("lo") is None or (isinstance(c["lo"], float) and math.isnan(c["lo"])):
-    return f"{c['mean']:.{digits}f}"
-  return f"{c['mean']:+.{digits}f} [{c['lo']:+.{digits}f}, {c['hi']:+.{digits}f}]" if c.get(
-      "signed") else f"{c['mean']:.{digits}f} [{c['lo']:.{digits}f}, {c['hi']:.{digits}f}]"
-
-
-def signed(c: dict) -> dict:
-  return dict(c, signed=True)
-
-
-def verdict(c: dict, *, margin: float = 0.0) -> str:
-  """reproduced if the CI of the claimed effect lies above ``margin``, not reproduced if it lies
-  below it, inconclusive otherwise (or with fewer than 2 seeds)."""
-  if c["n"] < 2 or math.isnan(c["lo"]):
-    return "inconclusive"
-  if c["lo"] > margin:
-    return "reproduced"
-  if c["hi"] < margin:
-    return "not reproduced"
-  return "inconclusive"
+def gain(raw, method) -> dict:
+  """The per-seed gain raw - method of two policies of the same runs: a t interval of the paired
+  differences (a signed ``harness.cell``)."""
+  return dict(harness.cell(np.subtract(raw, method)), signed=True)
 
 
 def lr_label(schedule: str, lr: float) -> str:
@@ -85,3 +57,36 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   lines += ["| " + " | ".join(r) + " |" for r in rows]
   return "\n".join(lines)
+
+
+class Claims:
+  """Claims of the tables as ``harness.Claim`` data, with the per-seed values they are judged on
+  (``values[metric][arm]``, ordered by seed)."""
+
+  def __init__(self):
+    self.claims: list[harness.Claim] = []
+    self.values: dict[str, dict[str, list[float]]] = {}
+
+  def add(self, id: str, text: str, arms: dict, *, direction: str, family: str,
+          metric: str = METRIC, margin: float = 0.0, paired: bool = True) -> None:
+    """``arms``: {name: per-seed values} for (a, b), in that order."""
+    for name, v in arms.items():
+      self.values.setdefault(metric, {})[name] = [float(x) for x in v]
+    self.claims.append(harness.Claim(id, text, metric, tuple(arms), direction, margin, family,
+                                     paired))
+
+
+def verdict_section(judged: list[dict]) -> list[str]:
+  """Table lines of the judged claims (``harness.verdict_rows`` and ``protocol_note``)."""
+  if not judged:
+    return ["No verdicts: claims need at least 2 seeds.", ""]
+  return [*harness.verdict_rows(judged), "", harness.protocol_note(judged), ""]
+
+
+def machine_text(machine: dict) -> str:
+  """'x86_64, 2 CPU cores, jax 0.10.2 on cpu' from a results.json ``machine`` record."""
+  if not machine or machine.get("recorded") is False:
+    return "a machine not recorded"
+  jax_version = machine.get("versions", {}).get("jax", "?")
+  return (f"{machine.get('processor', '?')}, {machine.get('cpus', '?')} CPU cores, jax "
+          f"{jax_version} on {machine.get('platform', '?')}")

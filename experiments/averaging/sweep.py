@@ -100,8 +100,10 @@ def _lr_at(step, peak, cosine, cfg: SweepConfig):
   return peak * warm * jnp.where(cosine, cos, 1.0)
 
 
-def run_sweep(cfg: SweepConfig, *, progress: bool = True, log=print) -> dict:
-  """Train every run and evaluate the averages. Returns host arrays and metadata."""
+def run_sweep(cfg: SweepConfig, *, progress: bool = True, log=print, on_block=None) -> dict:
+  """Train every run and evaluate the averages. Returns host arrays and metadata.
+
+  ``on_block(1)`` is called after each block of ``eval_every`` steps (a progress callback)."""
   t_start = time.perf_counter()
   lang = lm.make_language(cfg.model.vocab, seed=cfg.language_seed)
   rng = np.random.default_rng(cfg.language_seed + 1)
@@ -162,6 +164,8 @@ def run_sweep(cfg: SweepConfig, *, progress: bool = True, log=print) -> dict:
     train_loss.append(np.asarray(tl))
     snapshots.append(jax.tree.map(np.asarray, snaps))
     bar.set_postfix(raw=f"{ev[:, 0].mean():.3f}")
+    if on_block:
+      on_block(1)
   steps = [(b + 1) * cfg.eval_every for b in range(n_blocks)]
   out = {
       "runs": runs, "methods": ["raw"] + names, "steps": steps,

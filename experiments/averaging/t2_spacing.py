@@ -2,16 +2,18 @@
 
 Paper: Sanyal et al. 2023 ("these gains are amplified when checkpoints are sampled with
 considerable spacing in training steps"). k fixed; nu in the sweep's ``lawa_nus``; constant LR.
-Numbers: ``results/averaging/results.json`` ("t2").
+Claim (pre-declared metric: the final excess loss): at the highest constant LR, LAWA with the
+widest spacing below LAWA with the tightest (paired: two averages of the same runs).
 """
 
 from __future__ import annotations
 
+from experiments import harness
 from experiments.averaging import report as R
-from experiments.averaging.t1_lr_gain import FRACTIONS
+from experiments.averaging.t1_lr_gain import FRACTIONS, SANYAL
 
 
-def compute(data: dict, cfg) -> dict:
+def compute(data: dict, cfg, claims: R.Claims) -> dict:
   ev = data["evals"]
   rows = []
   for sched, lr in R.settings(data):
@@ -21,8 +23,8 @@ def compute(data: dict, cfg) -> dict:
     for nu in cfg.lawa_nus:
       m = R.method_index(data, f"lawa_nu{nu}")
       rows.append({"lr": lr, "nu": nu, "gain": {
-          f"{int(f * 100)}%": R.diff_ci(ev[idx, R.step_index(data, f), 0],
-                                        ev[idx, R.step_index(data, f), m]) for f in FRACTIONS}})
+          f"{int(f * 100)}%": R.gain(ev[idx, R.step_index(data, f), 0],
+                                     ev[idx, R.step_index(data, f), m]) for f in FRACTIONS}})
   best = {}
   for lr in sorted({r["lr"] for r in rows}):
     sub = [r for r in rows if r["lr"] == lr]
@@ -31,20 +33,22 @@ def compute(data: dict, cfg) -> dict:
   idx = R.run_index(data, "constant", hi)
   wide, tight = max(cfg.lawa_nus), min(cfg.lawa_nus)
   mw, mt = R.method_index(data, f"lawa_nu{wide}"), R.method_index(data, f"lawa_nu{tight}")
-  effect = R.diff_ci(ev[idx, -1, mt], ev[idx, -1, mw])  # positive: wide spacing better
-  return {"k": cfg.lawa_k, "rows": rows, "best_nu": best, "claims": [
-      {"id": "spacing_amplifies_gain", "paper": "Sanyal et al. 2023: larger spacing between "
-       "averaged checkpoints amplifies the gain",
-       "where": f"final step, LR {hi:g}: LAWA nu={wide} minus nu={tight} (loss reduction)",
-       "effect": effect}]}
+  claims.add("spacing_amplifies_gain",
+             f"{SANYAL}: larger spacing between averaged checkpoints amplifies the gain (LAWA "
+             f"nu={wide} vs nu={tight}, LR {hi:g})",
+             {f"LAWA nu={wide}, LR {hi:g}": ev[idx, -1, mw],
+              f"LAWA nu={tight}, LR {hi:g}": ev[idx, -1, mt]}, direction="less", family=SANYAL)
+  return {"k": cfg.lawa_k, "rows": rows, "best_nu": best}
 
 
 def markdown(res: dict) -> str:
   fr = list(res["rows"][0]["gain"])
   head = ["LR", "nu"] + [f"gain @ {k}" for k in fr]
-  rows = [[f"{r['lr']:g}", str(r["nu"])] + [R.fmt(R.signed(r["gain"][k])) for k in fr]
+  rows = [[f"{r['lr']:g}", str(r["nu"])] + [harness.fmt(r["gain"][k]) for k in fr]
           for r in res["rows"]]
   best = "; ".join(f"LR {lr}: " + ", ".join(f"{k} nu={v}" for k, v in b.items())
                    for lr, b in res["best_nu"].items())
-  return (f"### T2. LAWA (k={res['k']}) gain vs spacing nu (constant LR)\n\n"
+  return (f"## T2. LAWA (k={res['k']}) gain vs spacing nu (constant LR)\n\n"
+          "Gain = raw - LAWA (nats; positive: LAWA better); mean [95% t interval of the paired "
+          "per-seed gains].\n\n"
           + R.markdown_table(head, rows) + f"\n\nBest spacing by mean gain: {best}.")

@@ -1,34 +1,63 @@
 """T5: weight averaging applied to RL (GRPO) checkpoints: pass@1 level and step-to-step volatility.
 
-Command:  python scripts/reproduce.py averaging_rl [--quick] [--seeds N] [--out DIR]
-Hardware: CPU (2 cores). Each seed trains GRPO on 1-4 digit addition from the shared cached SFT
-policy (``experiments/grpo_arithmetic.py``'s setup) for 300 steps, evaluating every 25 steps the raw
-policy and, beside it, LAWA (k = 5 snapshots every 10 steps) and an EMA (decay 0.95 per step)
-carried in the run loop (``RLConfig.averaging``). Each evaluation: 200 test problems x 8 samples.
+Command:  python scripts/reproduce.py averaging_rl [--quick] [--seeds N] [--out DIR] [--rejudge]
+Hardware: CPU (2 cores). Each seed (one ``harness.Unit``, cached by its config) trains GRPO on
+1-4 digit addition from the shared cached SFT policy (``experiments/grpo_arithmetic.py``'s setup)
+for 300 steps with ``rlpost.train.loop.run`` (in a temporary run directory), evaluating every 25
+steps the raw policy and, beside it, LAWA (k = 5 snapshots every 10 steps) and an EMA (decay 0.95
+per step) carried in the run loop (``RLConfig.averaging``). Each evaluation: 200 test problems x 8
+samples, the same problems and evaluation key for every seed and policy.
 
-Metrics per seed and policy: pass@1 at the last step, mean pass@1 over the second half of the run,
-and volatility = the standard deviation of the change in pass@1 between successive evaluations.
-The verdicts compare averaged - raw, paired by seed, with 95% bootstrap intervals.
+Metrics per seed and policy: pass@1 at the last step, mean pass@1 over the second half of the
+evaluations, and volatility = the standard deviation of the change in pass@1 between successive
+evaluations. Pre-declared claims (one Holm family): each average vs the raw policy of the same run
+(``paired=True``) on the second-half mean pass@1 (higher) and on the volatility (lower).
 
-Outputs in ``--out`` (default ``results/averaging_rl``): ``table.md``, ``results.json``,
-``pass1_curves.png``; per-seed run directories under ``runs/`` (finished seeds are not rerun).
+Outputs in ``--out`` (default ``results/averaging_rl``): ``table.md``, ``results.json`` (every
+per-seed evaluation point of every policy, so ``--rejudge`` and the plot need nothing else),
+``pass1_curves.png``.
+
+Results on this CPU (generated from results/averaging_rl/table.md; do not edit by hand):
+
+`python scripts/reproduce.py averaging_rl`: 3 seeds; GRPO for 300 steps, evaluated every 25 steps on 200 test problems x 8 samples; averages `lawa:k=5,every=10,as=lawa;ema:decay=0.95,as=ema`; 9.6 min on a machine not recorded. Cells: mean [95% t interval over seeds].
+
+## Paper claims
+
+Pre-declared metrics: the mean pass@1 over the second half of the evaluations and the volatility, per seed; averaged - raw of the same run, paired by seed; 3 seeds; one Holm family. Intervals exclude problem-sampling error: every seed and policy is evaluated on the same fixed test problems with the same evaluation key.
+
+| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
+| --- | --- | --- | --- | --- | --- | --- |
+| averaging RL checkpoints (lawa) raises the pass@1 level (2nd-half mean) | lawa: +0.020 [+0.003, +0.037] | 0.0191 (0.0645) | 0.125 | 3 vs 3 | 0.015 | inconclusive |
+| averaging RL checkpoints (lawa) damps step-to-step volatility | lawa: -0.008 [-0.020, +0.004] | 0.0484 (0.0645) | 0.125 | 3 vs 3 | 0.010 | inconclusive |
+| averaging RL checkpoints (ema) raises the pass@1 level (2nd-half mean) | ema: +0.019 [+0.004, +0.035] | 0.0161 (0.0645) | 0.125 | 3 vs 3 | 0.013 | inconclusive |
+| averaging RL checkpoints (ema) damps step-to-step volatility | ema: -0.009 [-0.017, -0.001] | 0.0217 (0.0645) | 0.125 | 3 vs 3 | 0.007 | inconclusive |
+
+Statistics: paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 3 seeds per arm; pooled seed SD up to 0.007; minimum detectable effect (80% power) 0.00728-0.0152.
+
+Rules (``experiments/harness.py``): a claim is reproduced when the Holm-adjusted one-sided paired t test gives p <= 0.05 and the 95% paired t interval of averaged - raw lies on the claimed side of 0, not reproduced when it lies on the other side, inconclusive otherwise; the exact sign-flip permutation p (not adjusted; at 3 seeds its smallest value is 1/8) is reported beside it.
+
+(end of generated results)
 """
 
 from __future__ import annotations
 
-import json
 import os
-import time
+import tempfile
 
 import numpy as np
 
-from rlpost.eval import metrics as evm
+from experiments import harness
+from experiments.averaging import report as R
 
 AVERAGING = "lawa:k=5,every=10,as=lawa;ema:decay=0.95,as=ema"
 POLICIES = ("raw", "lawa", "ema")
+METRICS = {"final": "final pass@1", "second_half_mean": "2nd-half mean pass@1",
+           "volatility": "volatility (sd of eval-to-eval change)"}
+FAMILY = "averaging RL checkpoints"
+README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
 
 
-def _config(quick: bool) -> dict:
+def rl_config(quick: bool) -> dict:
   from experiments.grpo_arithmetic import CONFIG
 
   cfg = dict(CONFIG, steps=300, eval_every=25, eval_problems=200, eval_samples=8,
@@ -42,105 +71,127 @@ def _config(quick: bool) -> dict:
   return cfg
 
 
-def _curves(evals: list[dict]) -> dict:
-  """{policy: (steps, pass@1)} from a run's evaluations (step 0 has no average yet)."""
+def get_config(quick: bool) -> dict:
+  return {"seeds": 2 if quick else 3, "rl": rl_config(quick)}
+
+
+def curves(evals: list[dict]) -> dict:
+  """{policy: [steps, pass@1]} from a run's evaluations (step 0 has no average yet)."""
   out = {}
   for pol in POLICIES:
     key = "pass@1" if pol == "raw" else f"avg/{pol}/pass@1"
     pts = [(e["step"], e[key]) for e in evals if key in e and e["step"] > 0]
-    out[pol] = (np.array([p[0] for p in pts]), np.array([p[1] for p in pts]))
+    out[pol] = [[p[0] for p in pts], [float(p[1]) for p in pts]]
   return out
 
 
-def _summaries(curves: dict) -> dict:
-  res = {}
-  for pol, (steps, vals) in curves.items():
-    half = vals[len(vals) // 2:]
-    res[pol] = {"final": float(vals[-1]), "second_half_mean": float(half.mean()),
-                "volatility": float(np.std(np.diff(vals))) if len(vals) > 2 else float("nan")}
-  return res
-
-
-def _verdict(lo: float, hi: float, better: str) -> str:
-  good = lo > 0 if better == "higher" else hi < 0
-  bad = hi < 0 if better == "higher" else lo > 0
-  return "reproduced" if good else "not reproduced" if bad else "inconclusive"
-
-
-def run(args) -> dict:
+def run_seed(cfg: dict, progress) -> dict:
   from rlpost.train import loop, rl
 
-  quick = bool(getattr(args, "quick", False))
-  seeds = int(getattr(args, "seeds", None) or (1 if quick else 3))
-  out_dir = getattr(args, "out", None) or os.path.join("results", "averaging_rl")
-  os.makedirs(out_dir, exist_ok=True)
-  t0 = time.perf_counter()
-  per_seed = []
-  for seed in range(seeds):
-    cfg = dict(_config(quick), seed=seed)
-    trainer = rl.make_train(cfg, log=lambda s: None)
-    res = loop.run(trainer, os.path.join(out_dir, "runs", f"s{seed}"),
-                   progress=not getattr(args, "no_progress", False))
-    curves = _curves(res["evals"])
-    per_seed.append({"seed": seed, "summary": _summaries(curves),
-                     "curves": {p: [c[0].tolist(), c[1].tolist()] for p, c in curves.items()}})
+  trainer = rl.make_train(cfg, log=lambda s: None)
+  with tempfile.TemporaryDirectory(prefix="averaging_rl_") as run_dir:
+    res = loop.run(trainer, run_dir, progress=False)
+  progress(cfg["steps"])
+  return {"seed": cfg["seed"], "curves": curves(res["evals"])}
 
-  table, claims = {}, []
-  lines = ["| policy | final pass@1 | 2nd-half mean pass@1 | volatility (sd of eval-to-eval change) |",
-           "|---|---|---|---|"]
-  for pol in POLICIES:
-    row = {}
-    for metric in ("final", "second_half_mean", "volatility"):
-      row[metric] = evm.mean_ci([s["summary"][pol][metric] for s in per_seed])
-    table[pol] = row
-    lines.append(f"| {pol} | " + " | ".join(f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
-                                             for m, lo, hi in row.values()) + " |")
+
+def units(config: dict) -> dict:
+  out = {}
+  for seed in range(config["seeds"]):
+    cfg = dict(config["rl"], seed=seed)
+    out[f"s{seed}"] = harness.Unit(cfg, lambda progress, cfg=cfg: run_seed(cfg, progress),
+                                   cfg["steps"])
+  return out
+
+
+def collect(config: dict, results: dict) -> dict:
+  return {"per_seed": [{"seed": r["seed"], "curves": r["curves"]} for r in results.values()]}
+
+
+def seed_metrics(curve) -> dict:
+  """{metric: value} of one seed's pass@1 curve of one policy."""
+  vals = np.asarray(curve[1], np.float64)
+  return {"final": float(vals[-1]), "second_half_mean": float(vals[len(vals) // 2:].mean()),
+          "volatility": float(np.std(np.diff(vals))) if len(vals) > 2 else float("nan")}
+
+
+def claims() -> list[harness.Claim]:
+  out = []
   for pol in ("lawa", "ema"):
-    for metric, better, claim in (
-        ("second_half_mean", "higher", "averaging RL checkpoints raises the pass@1 level"),
-        ("volatility", "lower", "averaging RL checkpoints damps step-to-step volatility")):
-      d = evm.paired_difference_ci([s["summary"][pol][metric] for s in per_seed],
-                                   [s["summary"]["raw"][metric] for s in per_seed])
-      verdict = _verdict(d[1], d[2], better)
-      claims.append({"policy": pol, "metric": metric, "claim": claim, "difference": d,
-                     "verdict": verdict})
-  lines.append("")
-  for c in claims:
-    m, lo, hi = c["difference"]
-    lines.append(f"- **{c['verdict']}** ({c['policy']}) {c['claim']}: {c['policy']} - raw = "
-                 f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}] ({c['metric']}, paired over {seeds} seeds)")
-  seconds = time.perf_counter() - t0
-  mode = "quick" if quick else "full"
-  cmd = "python scripts/reproduce.py averaging_rl" + (" --quick" if quick else "")
-  text = (f"## T5: averaging GRPO checkpoints ({mode} run)\n\nCommand: `{cmd}`  \n"
-          f"Seeds: {seeds}; runtime {seconds:.0f} s; averages: `{AVERAGING}`\n\n" + "\n".join(lines))
-  with open(os.path.join(out_dir, "table.md"), "w") as f:
-    f.write(text + "\n")
-  payload = {"command": cmd, "mode": mode, "config": _config(quick), "seeds": list(range(seeds)),
-             "seconds": seconds, "per_seed": per_seed, "table": table, "claims": claims}
-  with open(os.path.join(out_dir, "results.json"), "w") as f:
-    json.dump(payload, f, indent=1)
-  _plot(per_seed, os.path.join(out_dir, "pass1_curves.png"))
-  print(text)
-  return payload
+    out += [harness.Claim(f"{pol}_raises_pass1", f"averaging RL checkpoints ({pol}) raises the "
+                          "pass@1 level (2nd-half mean)", "second_half_mean", (pol, "raw"),
+                          "greater", family=FAMILY, paired=True),
+            harness.Claim(f"{pol}_damps_volatility", f"averaging RL checkpoints ({pol}) damps "
+                          "step-to-step volatility", "volatility", (pol, "raw"), "less",
+                          family=FAMILY, paired=True)]
+  return out
 
 
-def _plot(per_seed, path):
+def summarize(report: dict) -> dict:
+  per_seed = sorted(report["data"]["per_seed"], key=lambda s: s["seed"])
+  values = {m: {pol: [seed_metrics(s["curves"][pol])[m] for s in per_seed] for pol in POLICIES}
+            for m in METRICS}
+  cells = {pol: {m: harness.cell(values[m][pol]) for m in METRICS} for pol in POLICIES}
+  judged = harness.judge_family(claims(), values) if len(per_seed) >= 2 else []
+  return {"values": values, "cells": cells, "claims": [v.to_json() for v in judged],
+          "verdicts": {v.claim.id: v.verdict for v in judged}}
+
+
+def render(report: dict) -> str:
+  s, cfg = report["summary"], report["config"]["rl"]
+  n = len(report["data"]["per_seed"])
+  judged = s["claims"]
+  lines = ["# T5: averaging GRPO checkpoints", "",
+           f"`{report['command']}`: {n} seeds; GRPO for {cfg['steps']} steps, evaluated every "
+           f"{cfg['eval_every']} steps on {cfg['eval_problems']} test problems x "
+           f"{cfg['eval_samples']} samples; averages `{cfg['averaging']}`; "
+           f"{report['seconds'] / 60:.1f} min on {R.machine_text(report.get('machine'))}. Cells: "
+           "mean [95% t interval over seeds].", "",
+           "## Paper claims", "",
+           f"Pre-declared metrics: the mean pass@1 over the second half of the evaluations and the "
+           f"volatility, per seed; averaged - raw of the same run, paired by seed; {n} seeds; one "
+           "Holm family. Intervals exclude problem-sampling error: every seed and policy is "
+           "evaluated on the same fixed test problems with the same evaluation key.", ""]
+  lines += R.verdict_section(judged)
+  lines += ["Rules (``experiments/harness.py``): a claim is reproduced when the Holm-adjusted "
+            "one-sided paired t test gives p <= 0.05 and the 95% paired t interval of averaged - "
+            "raw lies on the claimed side of 0, not reproduced when it lies on the other side, "
+            "inconclusive otherwise; the exact sign-flip permutation p (not adjusted; at "
+            f"{n} seeds its smallest value is 1/{2 ** n}) is reported beside it.", "",
+           "## Per policy", "", "| policy | " + " | ".join(METRICS.values()) + " |",
+           "| --- | " + " | ".join("---" for _ in METRICS) + " |"]
+  for pol in POLICIES:
+    lines.append(f"| {pol} | " + " | ".join(harness.fmt(s["cells"][pol][m]) for m in METRICS)
+                 + " |")
+  return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, out_dir: str) -> list[str]:
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
+  per_seed = report["data"]["per_seed"]
   fig, ax = plt.subplots(figsize=(6, 3.5))
   colors = {"raw": "tab:gray", "lawa": "tab:blue", "ema": "tab:red"}
-  for s in per_seed:
-    for pol, (steps, vals) in s["curves"].items():
-      ax.plot(steps, vals, color=colors[pol], alpha=0.6,
-              label=pol if s["seed"] == 0 else None)
+  for i, pol in enumerate(POLICIES):
+    steps = np.asarray(per_seed[0]["curves"][pol][0], np.float64)
+    vals = np.asarray([s["curves"][pol][1] for s in per_seed], np.float64)  # [S, E]
+    shift = (i - 1) * 0.01 * (steps[-1] - steps[0] if len(steps) > 1 else 1.0)
+    harness.errorbars(ax, steps + shift, [harness.cell(vals[:, j]) for j in range(vals.shape[1])],
+                      color=colors[pol], label=pol, markersize=3)
   ax.set_xlabel("RL step")
-  ax.set_ylabel("test pass@1")
+  ax.set_ylabel("test pass@1 (mean, 95% t interval)")
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
+  path = os.path.join(out_dir, "pass1_curves.png")
   fig.savefig(path, dpi=120)
   plt.close(fig)
+  return [path]
+
+
+EXPERIMENT = harness.Experiment(name="averaging_rl", get_config=get_config, units=units,
+                                summarize=summarize, render=render, plot=plot, collect=collect,
+                                module="experiments.averaging.t5_rl", readme=README)

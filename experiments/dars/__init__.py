@@ -40,7 +40,9 @@ Final-evaluation values, 4 seeds per arm against grpo-n8; one Holm family. Inter
 | DARS-B improves pass@1 | dars-b: +0.057 [+0.036, +0.078] | 0.00037 (0.00148) | 0.0143 | 4 vs 4 | 0.029 | reproduced |
 | DARS-B improves pass@64 | dars-b: +0.074 [+0.040, +0.107] | 0.00142 (0.00426) | 0.0143 | 4 vs 4 | 0.043 | reproduced |
 
-Rules (``experiments/harness.py``): an improvement is reproduced when the Holm-adjusted one-sided Welch p is <= 0.05 and its 95% Welch interval lies above 0, not reproduced when the interval lies below 0, inconclusive otherwise; the permutation p (one-sided, not adjusted) is reported beside it. "No gain" is an equivalence claim with margin 0.02: reproduced when TOST rejects (Holm-adjusted), not reproduced when the 90% interval lies outside the margin. Min. detectable: the difference 80% power would find at these seeds and the arms' pooled SD.
+Statistics: TOST (Welch), margin 0.02; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 4 seeds per arm; pooled seed SD up to 0.0343; minimum detectable effect (80% power) 0.0288-0.0817.
+
+Rules (`experiments/harness.py`): a directional claim is reproduced when its Holm-adjusted one-sided p is <= 0.05 and its 95% interval lies beyond the margin (0), not reproduced when the interval lies on the other side of the margin, inconclusive otherwise; an equivalence claim (margin 0.02) is reproduced when TOST rejects (Holm-adjusted), not reproduced when its 90% interval lies wholly outside the margin, inconclusive otherwise. The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD.
 
 Sanity check (holds by algebra, not a reproduction): the mean-only cumulative advantage peaks at accuracy 0.5: peak at 0.5, holds.
 
@@ -50,17 +52,13 @@ Sanity check (holds by algebra, not a reproduction): the mean-only cumulative ad
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from experiments import harness, rl_seeds
-from experiments.averaging.report import fmt
 from rlpost import objectives as O
 from rlpost.train import rl
 
@@ -162,65 +160,38 @@ def cumulative_advantage_curve(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0)
 
 
 # ---------------------------------------------------------------------------------- running
-def run(args) -> dict:
-  t0 = time.perf_counter()
-  sz = sizes(args.quick)
-  if args.seeds:
-    sz = dataclasses.replace(sz, seeds=args.seeds)
-  os.makedirs(args.out, exist_ok=True)
-  cache = os.path.join(args.out, "cache")
+def get_config(quick: bool) -> dict:
+  return dataclasses.asdict(sizes(quick))
+
+
+def arm_configs(sz: Sizes) -> dict:
+  """{arm name: full RLConfig dict}."""
   base = base_config(sz)
-  seeds = list(range(sz.seeds))
-  spec = arms(sz)
-  cfgs = {name: dict(base, **kw) for name, kw in spec.items()}
-  bar = tqdm(total=sum(c["steps"] for c in cfgs.values()), desc="dars", disable=args.no_progress,
-             dynamic_ncols=True)
-  results = {}
-  for name, cfg in cfgs.items():
-    bar.set_postfix(arm=name)
-    results[name] = rl_seeds.run_arm(cfg, seeds, cache_dir=cache, on_step=bar.update)
-  bar.close()
-  curve_path = os.path.join(cache, f"curve-{rl_seeds.arm_key(base, [0], dataclasses.asdict(sz))}.json")
-  if os.path.exists(curve_path):
-    with open(curve_path) as f:
-      curve = json.load(f)
-  else:
-    curve = cumulative_advantage_curve(rl.make_train(cfgs[f"grpo-n{sz.n}"], log=lambda s: None), sz)
-    with open(curve_path, "w") as f:
-      json.dump(curve, f)
-  command = "python scripts/reproduce.py dars" + (" --quick" if args.quick else "") + (
-      f" --seeds {args.seeds}" if args.seeds else "")
-  report = {"command": command, "sizes": dataclasses.asdict(sz), "configs": cfgs,
-            "seconds": time.perf_counter() - t0, "curve": curve, "arms": results}
-  return write(report, args.out)
+  return {name: dict(base, **kw) for name, kw in arms(sz).items()}
 
 
-def write(report: dict, out_dir: str) -> dict:
-  """Judge the claims of a report (its per-seed results), then write results.json, table.md and
-  the plots into ``out_dir``."""
-  sz = Sizes(**report["sizes"])
-  report["summary"] = summarize(report["arms"], report["curve"], sz)
-  with open(os.path.join(out_dir, "results.json"), "w") as f:
-    json.dump(report, f, indent=1, default=float)
-  table = render(report["summary"], report["curve"], sz, report)
-  with open(os.path.join(out_dir, "table.md"), "w") as f:
-    f.write(table)
-  plot(report["summary"], report["curve"], sz, out_dir)
-  print(table)
-  return report
+def units(config: dict) -> dict:
+  sz = Sizes(**config)
+  cfgs = arm_configs(sz)
+  out = rl_seeds.arm_units(cfgs, list(range(sz.seeds)))
+  grpo = cfgs[f"grpo-n{sz.n}"]
+  out["curve"] = harness.Unit(
+      {"curve": grpo, "n": sz.n, "prompts": sz.curve_prompts},
+      lambda progress: cumulative_advantage_curve(rl.make_train(grpo, log=lambda s: None), sz))
+  return out
 
 
-def rejudge(out_dir: str) -> dict:
-  """Re-judge the committed results in ``out_dir`` (no training)."""
-  with open(os.path.join(out_dir, "results.json")) as f:
-    return write(json.load(f), out_dir)
+def collect(config: dict, results: dict) -> dict:
+  return {"arms": {k: v for k, v in results.items() if k != "curve"}, "curve": results["curve"]}
 
 
 def _ks(sz: Sizes) -> list[int]:
   return [k for k in (1, 4, 16, 64) if k <= sz.eval_samples]
 
 
-def summarize(results: dict, curve: dict, sz: Sizes) -> dict:
+def summarize(report: dict) -> dict:
+  sz = Sizes(**report["config"])
+  results, curve = report["data"]["arms"], report["data"]["curve"]
   ks = _ks(sz)
   keys = [f"pass@{k}" for k in ks] + [f"pass@{k}/d{sz.hardest}" for k in ks]
   base_name = f"grpo-n{sz.n}"
@@ -253,7 +224,8 @@ def summarize(results: dict, curve: dict, sz: Sizes) -> dict:
   return s
 
 
-def render(s: dict, curve: dict, sz: Sizes, report: dict) -> str:
+def render(report: dict) -> str:
+  s, curve, sz = report["summary"], report["data"]["curve"], Sizes(**report["config"])
   ks, keys = s["ks"], s["keys"]
   kmax = max(ks)
   head = [k.replace(f"/d{sz.hardest}", f" ({sz.hardest}-digit)") for k in keys]
@@ -265,11 +237,11 @@ def render(s: dict, curve: dict, sz: Sizes, report: dict) -> str:
            "## Final test pass@k", "", "| arm | " + " | ".join(head) + " |",
            "| --- | " + " | ".join("---" for _ in keys) + " |"]
   for n, c in s["cells"].items():
-    lines.append(f"| {n} | " + " | ".join(fmt(c[k]) for k in keys) + " |")
+    lines.append(f"| {n} | " + " | ".join(harness.fmt(c[k]) for k in keys) + " |")
   lines += ["", f"## Minus grpo-n{sz.n}", "", "| arm | " + " | ".join(head) + " |",
             "| --- | " + " | ".join("---" for _ in keys) + " |"]
   for n, c in s["vs_base"].items():
-    lines.append(f"| {n} | " + " | ".join(fmt(c[k]) for k in keys) + " |")
+    lines.append(f"| {n} | " + " | ".join(harness.fmt(c[k]) for k in keys) + " |")
   lines += ["", "## Stage 2: all-wrong prompts rescued (mean per step)", "",
             "| arm | stage-1 all-wrong prompts | rescued (>= 1 correct in stage 2) |", "| --- | --- | --- |"]
   for n, r in s["rescued"].items():
@@ -285,23 +257,16 @@ def render(s: dict, curve: dict, sz: Sizes, report: dict) -> str:
             f"Final-evaluation values, {sz.seeds} seeds per arm against grpo-n{sz.n}; one Holm "
             "family. Intervals exclude problem-sampling error (every arm is evaluated on the same "
             "fixed test problems with the same evaluation key).", "",
-            *harness.verdict_rows(judged)]
-  lines += ["",
-            "Rules (``experiments/harness.py``): an improvement is reproduced when the "
-            "Holm-adjusted one-sided Welch p is <= 0.05 and its 95% Welch interval lies above 0, "
-            "not reproduced when the interval lies below 0, inconclusive otherwise; the "
-            "permutation p (one-sided, not adjusted) is reported beside it. \"No gain\" is an "
-            f"equivalence claim with margin {MIN_EFFECT}: reproduced when TOST rejects "
-            "(Holm-adjusted), not reproduced when the 90% interval lies outside the margin. "
-            "Min. detectable: the difference 80% power would find at these seeds and the arms' "
-            "pooled SD.", "",
+            *harness.verdict_rows(judged), "", harness.protocol_note(judged)]
+  lines += ["", harness.rules_note(judged), "",
             "Sanity check (holds by algebra, not a reproduction): the mean-only cumulative "
             f"advantage peaks at accuracy 0.5: peak at {s['curve_peak_accuracy']:.3g}, "
             f"{s['sanity']['cumulative_advantage_peaks_at_half']}.", ""]
   return "\n".join(lines)
 
 
-def plot(s: dict, curve: dict, sz: Sizes, out_dir: str) -> None:
+def plot(report: dict, out_dir: str) -> list[str]:
+  s, curve, sz = report["summary"], report["data"]["curve"], Sizes(**report["config"])
   import matplotlib
 
   matplotlib.use("Agg")
@@ -312,7 +277,7 @@ def plot(s: dict, curve: dict, sz: Sizes, out_dir: str) -> None:
   for ax, suffix, title in ((axes[0], "", "all problems"),
                             (axes[1], f"/d{sz.hardest}", f"{sz.hardest}-digit problems")):
     for n, c in s["cells"].items():
-      ax.plot(ks, [c[f"pass@{k}{suffix}"]["mean"] for k in ks], "o-", label=n)
+      harness.errorbars(ax, ks, [c[f"pass@{k}{suffix}"] for k in ks], label=n, capsize=2)
     ax.plot(ks, [s["start"][f"pass@{k}{suffix}"] for k in ks], "k:", label="SFT start")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k")
@@ -333,3 +298,9 @@ def plot(s: dict, curve: dict, sz: Sizes, out_dir: str) -> None:
   fig.tight_layout()
   fig.savefig(os.path.join(out_dir, "cumulative_advantage.png"), dpi=120)
   plt.close(fig)
+  return [os.path.join(out_dir, f) for f in ("passk.png", "cumulative_advantage.png")]
+
+
+EXPERIMENT = harness.Experiment(name="dars", get_config=get_config, units=units,
+                                summarize=summarize, render=render, plot=plot, collect=collect,
+                                module="experiments.dars")

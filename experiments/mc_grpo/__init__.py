@@ -37,7 +37,9 @@ Final-evaluation pass@1, 6 seeds per arm; the four claims on trained arms are on
 | median beats the same-compute mean ablation at G=2 | G2-median: -0.049 [-0.073, -0.024] | 0.999 (1) | 1 | 6 vs 6 | 0.032 | not reproduced |
 | injected sign flips (p=0.3) reduce accuracy | G8-mean-flip0.3: -0.077 [-0.113, -0.040] | 0.000465 (0.00186) | 0.00216 | 6 vs 6 | 0.051 | reproduced |
 
-Rules (``experiments/harness.py``): an effect is reproduced when the Holm-adjusted one-sided Welch p is <= 0.05 and its 95% Welch interval lies on the claimed side of 0, not reproduced when the interval lies on the other side, inconclusive otherwise; the permutation p (one-sided, not adjusted) is reported beside it. The gap claim is an equivalence claim on the median arms' G=8 minus G=2 with margin 0.01: reproduced when TOST rejects (Holm-adjusted), not reproduced when its 90% interval lies wholly outside the margin, inconclusive otherwise (its permutation p is two-sided). Min. detectable: the difference 80% power would find at these seeds and the arms' pooled SD.
+Statistics: TOST (Welch), margin 0.01; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 6 seeds per arm; pooled seed SD up to 0.0283; minimum detectable effect (80% power) 0.0321-0.0508.
+
+Rules (`experiments/harness.py`): a directional claim is reproduced when its Holm-adjusted one-sided p is <= 0.05 and its 95% interval lies beyond the margin (0), not reproduced when the interval lies on the other side of the margin, inconclusive otherwise; an equivalence claim (margin 0.01) is reproduced when TOST rejects (Holm-adjusted), not reproduced when its 90% interval lies wholly outside the margin, inconclusive otherwise. The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD.
 
 | claim (paper) | ours: a - b [interval] | z | p | rollouts | verdict |
 | --- | --- | --- | --- | --- | --- |
@@ -51,18 +53,14 @@ The mechanism claim compares opposite-sign rates pooled over rollouts (median G=
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from experiments import harness, rl_seeds
-from experiments.averaging.report import fmt
 from rlpost import objectives as O
 from rlpost.tasks import arithmetic
 from rlpost.train import rl
@@ -204,71 +202,49 @@ def sign_flip_rates(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0) -> dict:
 
 
 # ---------------------------------------------------------------------------------- running
-def run(args) -> dict:
-  t_start = time.perf_counter()
-  sz = sizes(args.quick)
-  if args.seeds:
-    sz = dataclasses.replace(sz, seeds=args.seeds)
-  out_dir = args.out
-  os.makedirs(out_dir, exist_ok=True)
-  cache = os.path.join(out_dir, "cache")
+def get_config(quick: bool) -> dict:
+  return dataclasses.asdict(sizes(quick))
+
+
+def _sizes(config: dict) -> Sizes:
+  return Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
+
+
+def arm_configs(sz: Sizes) -> dict:
+  """{arm name: RLConfig dict}: every (G, baseline), then GRPO at ``flip_group`` with injected
+  sign flips."""
   base = base_config(sz)
-  seeds = list(range(sz.seeds))
   arms = [(g, bl, 0.0) for g in sz.group_sizes for bl in BASELINES]
   arms += [(sz.flip_group, "mean", p) for p in sz.flip_probs]
-  total = sum(base["steps"] for _ in arms)
-  bar = tqdm(total=total, desc="mc_grpo", disable=args.no_progress, dynamic_ncols=True)
-  results = {}
-  for g, bl, p in arms:
-    name = f"G{g}-{bl}" + (f"-flip{p}" if p else "")
-    bar.set_postfix(arm=name)
-    results[name] = rl_seeds.run_arm(arm_config(base, g, bl, p), seeds, cache_dir=cache,
-                                     on_step=bar.update)
-  bar.close()
-  flip_cache = os.path.join(cache, f"flips-{rl_seeds.arm_key(base, [0], dataclasses.asdict(sz))}.json")
-  if os.path.exists(flip_cache):
-    with open(flip_cache) as f:
-      flips = json.load(f)
-  else:
-    trainer = rl.make_train(arm_config(base, 2, "mean"), log=lambda s: None)
-    flips = sign_flip_rates(trainer, sz)
-    with open(flip_cache, "w") as f:
-      json.dump(flips, f)
-  command = "python scripts/reproduce.py mc_grpo" + (" --quick" if args.quick else "") + (
-      f" --seeds {args.seeds}" if args.seeds else "")
-  report = {"command": command, "sizes": dataclasses.asdict(sz), "base_config": base,
-            "seconds": time.perf_counter() - t_start,
-            "arm_seconds": sum(r["seconds"] for r in results.values()),
-            "summary": None, "sign_flips": flips, "arms": results}
-  return write(report, out_dir)
+  return {f"G{g}-{bl}" + (f"-flip{p}" if p else ""): arm_config(base, g, bl, p)
+          for g, bl, p in arms}
 
 
-def write(report: dict, out_dir: str) -> dict:
-  """Judge the claims of a report (its per-seed results and sign-flip rates), then write
-  results.json, table.md and the plots into ``out_dir``."""
-  sz = Sizes(**report["sizes"])
-  flips = {k: {bl: {int(g): v for g, v in d.items()} for bl, d in r.items()}
-           for k, r in report["sign_flips"].items()}
-  report["sign_flips"] = flips
-  report["summary"] = summarize(report["arms"], flips, sz)
-  with open(os.path.join(out_dir, "results.json"), "w") as f:
-    json.dump(report, f, indent=1, default=float)
-  table = render(report["summary"], flips, sz, report)
-  with open(os.path.join(out_dir, "table.md"), "w") as f:
-    f.write(table)
-  plot(report["arms"], report["summary"], flips, sz, out_dir)
-  print(table)
-  return report
+def units(config: dict) -> dict:
+  sz = _sizes(config)
+  cfgs = arm_configs(sz)
+  out = rl_seeds.arm_units(cfgs, list(range(sz.seeds)))
+  g2 = arm_config(base_config(sz), 2, "mean")
+  out["sign_flips"] = harness.Unit(
+      {"sign_flips": g2, "sizes": config},
+      lambda progress: sign_flip_rates(rl.make_train(g2, log=lambda s: None), sz))
+  return out
 
 
-def rejudge(out_dir: str) -> dict:
-  """Re-judge the committed results in ``out_dir`` (no training)."""
-  with open(os.path.join(out_dir, "results.json")) as f:
-    return write(json.load(f), out_dir)
+def collect(config: dict, results: dict) -> dict:
+  return {"arms": {k: v for k, v in results.items() if k != "sign_flips"},
+          "sign_flips": results["sign_flips"]}
+
+
+def _flips(report: dict) -> dict:
+  """The sign-flip rates with integer G keys (JSON keeps them as strings)."""
+  return {k: {bl: {int(g): v for g, v in d.items()} for bl, d in r.items()}
+          for k, r in report["data"]["sign_flips"].items()}
 
 
 # ---------------------------------------------------------------------------------- summary
-def summarize(results: dict, flips: dict, sz: Sizes) -> dict:
+def summarize(report: dict) -> dict:
+  results, flips, sz = report["data"]["arms"], _flips(report), _sizes(report["config"])
   acc = {name: rl_seeds.final_metric(arm, METRIC) for name, arm in results.items()}
   start = float(np.mean([e[METRIC] for e in results[next(iter(results))]["evals"][0]["per_seed"]]))
   s = {"start_pass@1": start, "cells": {}, "gaps": {}, "vs_mean": {}, "vs_mean_drop": {},
@@ -281,10 +257,10 @@ def summarize(results: dict, flips: dict, sz: Sizes) -> dict:
   for g in gs:
     # Seeds share their PRNG keys across arms, but different arms draw different rollouts,
     # so arms are compared as independent samples.
-    s["vs_mean"][g] = harness.diff_cell(acc[f"G{g}-median"], acc[f"G{g}-mean"])
-    s["vs_mean_drop"][g] = harness.diff_cell(acc[f"G{g}-median"], acc[f"G{g}-mean_drop"])
+    s["vs_mean"][str(g)] = harness.diff_cell(acc[f"G{g}-median"], acc[f"G{g}-mean"])
+    s["vs_mean_drop"][str(g)] = harness.diff_cell(acc[f"G{g}-median"], acc[f"G{g}-mean_drop"])
   for p in sz.flip_probs:
-    s["flip_ablation"][p] = harness.diff_cell(acc[f"G{sz.flip_group}-mean-flip{p}"],
+    s["flip_ablation"][str(p)] = harness.diff_cell(acc[f"G{sz.flip_group}-mean-flip{p}"],
                                               acc[f"G{sz.flip_group}-mean"])
   judged = harness.judge_family(claims(sz), {METRIC: acc})
   s["claims"] = [v.to_json() for v in judged]
@@ -298,12 +274,13 @@ def summarize(results: dict, flips: dict, sz: Sizes) -> dict:
   return s
 
 
-def render(s: dict, flips: dict, sz: Sizes, report: dict) -> str:
+def render(report: dict) -> str:
+  s, flips, sz = report["summary"], _flips(report), _sizes(report["config"])
   gs = sz.group_sizes
   lines = ["# MC-GRPO at CPU scale", "",
            f"`{report['command']}`: {sz.seeds} seeds per arm, {sz.steps} RL steps, "
            f"test pass@1 from {sz.eval_problems} problems x {sz.eval_samples} samples "
-           f"(SFT start: {s['start_pass@1']:.3f}); {report['arm_seconds'] / 60:.1f} min of training "
+           f"(SFT start: {s['start_pass@1']:.3f}); {report['unit_seconds'] / 60:.1f} min of training "
            f"and evaluation over all arms on this machine (this invocation "
            f"{report['seconds'] / 60:.1f} min; cached arms are not rerun). "
            "Cells: mean [95% t interval over seeds]; differences: Welch intervals.", "",
@@ -311,15 +288,15 @@ def render(s: dict, flips: dict, sz: Sizes, report: dict) -> str:
            "| G (gradient rollouts) | " + " | ".join(LABELS[b] for b in BASELINES) + " |",
            "| --- | " + " | ".join("---" for _ in BASELINES) + " |"]
   for g in gs:
-    lines.append(f"| {g} | " + " | ".join(fmt(s["cells"][f"G{g}-{b}"]) for b in BASELINES) + " |")
+    lines.append(f"| {g} | " + " | ".join(harness.fmt(s["cells"][f"G{g}-{b}"]) for b in BASELINES) + " |")
   lines += ["", "## Differences", "", "| comparison | difference |", "| --- | --- |"]
   for b in BASELINES:
-    lines.append(f"| G={max(gs)} minus G={min(gs)}, {LABELS[b]} | {fmt(s['gaps'][b])} |")
+    lines.append(f"| G={max(gs)} minus G={min(gs)}, {LABELS[b]} | {harness.fmt(s['gaps'][b])} |")
   for g in gs:
-    lines.append(f"| G={g}: median minus mean over G | {fmt(s['vs_mean'][g])} |")
-    lines.append(f"| G={g}: median minus mean over G+1 drop one | {fmt(s['vs_mean_drop'][g])} |")
+    lines.append(f"| G={g}: median minus mean over G | {harness.fmt(s['vs_mean'][str(g)])} |")
+    lines.append(f"| G={g}: median minus mean over G+1 drop one | {harness.fmt(s['vs_mean_drop'][str(g)])} |")
   for p, c in s["flip_ablation"].items():
-    lines.append(f"| G={sz.flip_group} GRPO, injected flips p={p} minus p=0 | {fmt(c)} |")
+    lines.append(f"| G={sz.flip_group} GRPO, injected flips p={p} minus p=0 | {harness.fmt(c)} |")
   lines += ["", "## Advantage sign flips on the SFT policy", "",
             f"Reference: the mean reward of {sz.flip_reference} samples per prompt, "
             f"{sz.flip_prompts} prompts, {sz.flip_draws} random subgroups per prompt and G. "
@@ -339,15 +316,7 @@ def render(s: dict, flips: dict, sz: Sizes, report: dict) -> str:
             "are one Holm family. Intervals exclude problem-sampling error (every arm is "
             "evaluated on the same fixed test problems with the same evaluation key).", "",
             *harness.verdict_rows(s["claims"]), "",
-            "Rules (``experiments/harness.py``): an effect is reproduced when the Holm-adjusted "
-            "one-sided Welch p is <= 0.05 and its 95% Welch interval lies on the claimed side of "
-            "0, not reproduced when the interval lies on the other side, inconclusive otherwise; "
-            "the permutation p (one-sided, not adjusted) is reported beside it. The gap claim is "
-            f"an equivalence claim on the median arms' G={max(gs)} minus G={min(gs)} with margin "
-            f"{GAP_MARGIN}: reproduced when TOST rejects (Holm-adjusted), not reproduced when its "
-            "90% interval lies wholly outside the margin, inconclusive otherwise (its permutation "
-            "p is two-sided). Min. detectable: the difference 80% power would find at these seeds "
-            "and the arms' pooled SD.", "",
+            harness.protocol_note(s["claims"]), "", harness.rules_note(s["claims"]), "",
             "| claim (paper) | ours: a - b [interval] | z | p | rollouts | verdict |",
             "| --- | --- | --- | --- | --- | --- |",
             f"| {r['claim']['text']} | {a}: {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] "
@@ -364,7 +333,9 @@ def render(s: dict, flips: dict, sz: Sizes, report: dict) -> str:
   return "\n".join(lines)
 
 
-def plot(results: dict, s: dict, flips: dict, sz: Sizes, out_dir: str) -> None:
+def plot(report: dict, out_dir: str) -> list[str]:
+  results, s = report["data"]["arms"], report["summary"]
+  flips, sz = _flips(report), _sizes(report["config"])
   import matplotlib
 
   matplotlib.use("Agg")
@@ -373,13 +344,8 @@ def plot(results: dict, s: dict, flips: dict, sz: Sizes, out_dir: str) -> None:
   gs = list(sz.group_sizes)
   fig, ax = plt.subplots(figsize=(5.5, 3.5))
   for i, b in enumerate(BASELINES):
-    c = [s["cells"][f"G{g}-{b}"] for g in gs]
-    m = np.array([x["mean"] for x in c])
-    lo = np.array([x["lo"] for x in c])
-    hi = np.array([x["hi"] for x in c])
-    x = np.arange(len(gs)) + (i - 1) * 0.08
-    ax.errorbar(x, m, yerr=[m - lo, hi - m] if not np.isnan(lo).any() else None, marker="o",
-                capsize=3, label=LABELS[b])
+    harness.errorbars(ax, np.arange(len(gs)) + (i - 1) * 0.08,
+                      [s["cells"][f"G{g}-{b}"] for g in gs], label=LABELS[b])
   ax.axhline(s["start_pass@1"], color="gray", ls=":", label="SFT start")
   ax.set_xticks(range(len(gs)), [str(g) for g in gs])
   ax.set_xlabel("G (gradient-contributing rollouts per prompt)")
@@ -424,13 +390,20 @@ def plot(results: dict, s: dict, flips: dict, sz: Sizes, out_dir: str) -> None:
   names = [f"G{sz.flip_group}-mean"] + [f"G{sz.flip_group}-mean-flip{p}" for p in sz.flip_probs]
   c = [s["cells"][n] for n in names]
   fig, ax = plt.subplots(figsize=(4.5, 3.2))
-  ax.errorbar(ps, [x["mean"] for x in c], marker="o", capsize=3)
+  harness.errorbars(ax, ps, c)
   ax.set_xlabel("injected sign-flip probability")
   ax.set_ylabel("final test pass@1")
   ax.grid(alpha=0.3)
   fig.tight_layout()
   fig.savefig(os.path.join(out_dir, "injected_flips.png"), dpi=120)
   plt.close(fig)
+  return [os.path.join(out_dir, f) for f in ("accuracy_vs_g.png", "learning_curves.png",
+                                             "sign_flips.png", "injected_flips.png")]
+
+
+EXPERIMENT = harness.Experiment(name="mc_grpo", get_config=get_config, units=units,
+                                summarize=summarize, render=render, plot=plot, collect=collect,
+                                module="experiments.mc_grpo")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Per-seed statistics of one system from its units' per-rollout arrays (``unit.py``).
 
 Every function takes the arrays of one seed and returns plain floats or lists (one entry per
-depth), so that ``summarize`` can put a mean and a bootstrap CI across seeds on each of them.
+depth), so that ``summarize`` can put a mean and a Student-t interval across seeds on each of them.
 Rollouts are trajectory-major (``unit.windows``), so ``x.reshape(N, P)`` groups start times by
 trajectory.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.averaging import report as R
+from experiments import harness
 from rlpost.eval import trust
 
 # Calibrators compared (``trust.Calibrator`` kinds and depth features). The pair that enters the
@@ -243,19 +243,32 @@ def derived(m: dict[str, Any]) -> dict[str, float]:
   return out
 
 
-def summarize(per_seed: list[Any]) -> Any:
-  """Mean and 95% bootstrap CI across seeds of every number in a nested structure.
+def scatter(a: dict[str, np.ndarray], depths, max_points: int = 128) -> dict[str, Any]:
+  """What the scatter and calibration plots draw of one seed, kept in results.json: E_i, C_i and
+  the main calibrator's predicted error of at most ``max_points`` evenly spaced test rollouts per
+  depth (4 significant digits), and the calibrator's sigma."""
+  e, c = _floor(a["test_E"]), _floor(a["test_C"])
+  cal = fit_calibrators(a, depths)[MAIN_CALIBRATOR]
+  pred = cal.predict(c.ravel(), _depth_grid(e, depths).ravel()).reshape(e.shape)
+  idx = np.unique(np.linspace(0, e.shape[0] - 1, min(max_points, e.shape[0])).astype(int))
+  keep = lambda x: [[float(f"{v:.4g}") for v in col] for col in x[idx].T]  # noqa: E731
+  return {"E": keep(e), "C": keep(c), "pred": keep(pred), "sigma": float(cal.sigma)}
 
-  Dicts recurse; lists of numbers become lists of CI dicts (entry-wise); a number becomes a CI
-  dict ``{"mean", "lo", "hi", "n"}`` (``experiments.averaging.report.ci``).
+
+def summarize(per_seed: list[Any]) -> Any:
+  """Mean and 95% Student-t interval across seeds of every number in a nested structure.
+
+  Dicts recurse; lists of numbers become lists of interval dicts (entry-wise); a number becomes
+  ``harness.cell``'s ``{"mean", "lo", "hi", "n"}`` over its finite per-seed values (NaN and
+  missing values, None in JSON, are dropped).
   """
   first = per_seed[0]
   if isinstance(first, dict):
     return {k: summarize([s[k] for s in per_seed]) for k in first}
   if isinstance(first, (list, tuple)):
     return [summarize([s[i] for s in per_seed]) for i in range(len(first))]
-  vals = np.asarray(per_seed, np.float64)
+  vals = np.asarray([np.nan if v is None else v for v in per_seed], np.float64)
   vals = vals[np.isfinite(vals)]
   if vals.size == 0:
     return {"mean": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": 0}
-  return R.ci(vals)
+  return harness.cell(vals)

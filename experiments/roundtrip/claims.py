@@ -1,60 +1,249 @@
-"""The paper's claims and the explicit rules that turn our numbers into verdicts.
+"""The paper's claims as data, judged by ``harness.judge_family`` (shared/specs/statistics.md).
 
-Every verdict is computed here from the seed-level 95% bootstrap intervals (``analysis.summarize``);
-none is written by hand. The building blocks:
+Each claim of the paper (``PaperClaim``) is one or more parts; a part is a one-sample claim
+about a pre-declared per-seed summary of one system (``METRICS``) against a threshold: "above t"
+is ``harness.Claim(..., (system,), "greater", center=t)``, "below t" direction ``"less"``, and a
+band ("coverage near nominal") an equivalence claim, TOST with ``center`` and ``margin``. Each
+part is judged on the seeds' values by a one-sample t interval and one-sided t test (``harness``);
+a claim is *reproduced* on a system when every part is, *not reproduced* when any part is,
+*inconclusive* otherwise.
 
-* ``above(ci, t)``: *reproduced* if the interval lies entirely above t, *not reproduced* if it lies
-  entirely below, *inconclusive* otherwise or with fewer than two seeds
-  (``experiments.averaging.report.verdict``). ``below`` mirrors it.
-* ``band(ci, lo, hi)``: *reproduced* if the interval lies inside [lo, hi], *not reproduced* if it
-  lies entirely outside it.
-* ``every(verdicts)``: a claim made at every depth (or about several quantities) is *reproduced*
-  if each part is, *not reproduced* if any part is, *inconclusive* otherwise.
-* ``overall(verdicts of the deciding systems)``: *reproduced* (or *not reproduced*) when every
-  deciding system agrees, *inconclusive* when they disagree or none decides. The fair tests are
-  the reversible or near-conservative systems (kdv1d, ns2d); the dissipative ks1d is the stress
-  test, reported beside them and left out of the overall verdict.
-* ``skill_gate``: a fair system decides only if its model has learned the dynamics: the skill
-  1 - E_1 / (error of the trivial prediction x_1 := x_0) must have its CI above
-  ``SKILL_GATE``. Whether a model predicts its own errors says little about the paper when
-  the model is no better than predicting no change.
+Per-depth rules are judged on one pre-declared summary per seed rather than one claim per depth:
+"at every depth" is the worst depth of the seed (the minimum over depths of the per-seed values;
+for the per-depth coverage band, the largest deviation from nominal), so a reproduced verdict on
+it is one at every depth; "depth mean" rules use the seed's mean over depths. This keeps one
+test per part in the Holm family.
+
+Families (Holm-adjusted together):
+
+* ``paper``: every part of every paper claim on the deciding systems, the fair tests (kdv1d,
+  ns2d: reversible or near-conservative) whose model passes the skill gate. The overall verdict
+  of a claim is the deciding systems' verdict when they agree, inconclusive otherwise or when
+  none decides.
+* ``controls``: weaker forms of the claims and controls (not claims of the paper) on the
+  deciding systems.
+* ``<family>@<system>``: the same claims on a system that does not decide (the ks1d stress test,
+  dissipative so that backward stepping is ill posed; a fair test whose model failed the gate),
+  reported beside the verdicts and adjusted per system.
+* ``gate@<system>``: the skill gate, 1 - E_1 / (error of the trivial prediction x_1 := x_0)
+  above ``SKILL_GATE`` (one-sample t), one test per system: whether a model predicts its own
+  errors says little about the paper when it is no better than predicting no change.
+* ``sanity@<system>``: that an oracle ranking (by the true error) meets each selective-prediction
+  rule: a rule an oracle cannot meet is no test of C_i (statistics.md, point 6).
 
 Thresholds sit somewhat below the paper's numbers (a CPU-scale model is not the paper's model);
-each rule states its own threshold.
+each part states its own. ``DROPPED`` lists the paper claims left out of the verdicts, and why.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from experiments.averaging import report as R
+import numpy as np
+
+from experiments import harness
 
 REPRODUCED, NOT, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 SKILL_GATE = 0.5
+NOMINAL68, BAND68 = 0.683, 0.08  # the 68% interval's coverage: inside [0.603, 0.763]
+NOMINAL95, BAND95 = 0.95, 0.04  # the 95% interval's coverage: inside [0.91, 0.99]
 
 
-def above(c: dict, t: float) -> str:
-  return R.verdict(c, margin=t)
+def _get(path: str) -> Callable[[dict], Any]:
+  """A per-seed value by its dotted path in ``analysis.seed_metrics`` (None when absent)."""
+  def get(s: dict):
+    for part in path.split("."):
+      if not isinstance(s, dict) or part not in s:
+        return None
+      s = s[part]
+    return s
+  return get
 
 
-def below(c: dict, t: float) -> str:
-  flipped = dict(c, mean=-c["mean"], lo=-c["hi"], hi=-c["lo"])
-  return R.verdict(flipped, margin=-t)
+def _reduce(path: str, fn: Callable) -> Callable[[dict], Any]:
+  get = _get(path)
+  return lambda s: None if get(s) is None else float(fn(np.asarray(get(s), np.float64)))
 
 
-def band(c: dict, lo: float, hi: float) -> str:
-  if c["n"] < 2 or math.isnan(c["lo"]):
-    return INCONCLUSIVE
-  if c["lo"] >= lo and c["hi"] <= hi:
-    return REPRODUCED
-  if c["hi"] < lo or c["lo"] > hi:
-    return NOT
-  return INCONCLUSIVE
+def _diff(a: str, b: str, times: float = 1.0) -> Callable[[dict], Any]:
+  ga, gb = _get(a), _get(b)
+  return lambda s: (None if ga(s) is None or gb(s) is None else float(ga(s) - times * gb(s)))
+
+
+# Per-seed summaries the claims are judged on: name -> function of one seed's statistics.
+METRICS: dict[str, Callable[[dict], Any]] = {
+    "skill": _get("ranking.skill"),
+    "rho_fixed_worst": _reduce("ranking.rho_fixed", np.min),
+    "rho_within_depth_mean": _get("ranking.rho_within_depth_mean"),
+    "factor68": _get("calibration.c_logdepth.factor68"),
+    "cov68": _get("calibration.c_logdepth.cov68"),
+    "cov95": _get("calibration.c_logdepth.cov95"),
+    "cov68_worst_deviation": _reduce("calibration.c_logdepth.cov68_by_depth",
+                                     lambda x: np.max(np.abs(x - NOMINAL68))),
+    "nll_gain": _get("calibration.nll_gain"),
+    "nll_gain_vs_onehot": _get("calibration.nll_gain_vs_onehot"),
+    "auroc_C_depth_mean": _get("ood.C_depth_mean"),
+    "auroc_C_deepest": _reduce("ood.C", lambda x: x[-1]),
+    "auroc_disp_depth_mean": _get("ood.disp_depth_mean"),
+    "auroc_disp_norm_depth_mean": _get("ood.disp_norm_depth_mean"),
+    "auroc_C_minus_best_disp": _get("ood.C_minus_best_disp"),
+    "cut_C_depth_mean": _get("selective.by_depth_C_mean"),
+    "cut_oracle_depth_mean": _reduce("selective.by_depth.oracle", np.mean),
+    "pooled_cut_C_minus_depth": _diff("selective.pooled.C_calibrated", "selective.pooled.depth"),
+    "pooled_cut_C_minus_3x_depth": _get("selective.pooled.C_minus_3x_depth"),
+    "pooled_cut_oracle_minus_3x_depth": _diff("selective.pooled.oracle",
+                                              "selective.pooled.depth", 3.0),
+    "gain_fwd": _get("specialists.gain_fwd"),
+    "gain_bwd": _get("specialists.gain_bwd"),
+    "inverse_gain_worst": _reduce("inverse.gain_vs_persistence", np.min),
+    "rho_minus_disp": _get("derived.rho_minus_disp"),
+    "under_pooled_minus_fixed": _get("derived.under_pooled_minus_fixed"),
+    "trained_minus_under": _get("derived.trained_minus_under"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+  """One tested part of a claim: ``metric`` (a key of ``METRICS``) "greater" than ``center``,
+  "less" than it, or "equivalent" to it within ``margin``; ``rule`` says so in words."""
+
+  metric: str
+  direction: str
+  center: float
+  rule: str
+  margin: float = 0.0
+
+
+def _parts(direction: str, center: float, rule: str, **metrics: str) -> tuple[Part, ...]:
+  """One part per ``label=metric``, the rule ``rule.format(label)``."""
+  return tuple(Part(m, direction, center, rule.format(label)) for label, m in metrics.items())
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperClaim:
+  """A claim and its parts; ``control``: a weaker form or a control, not a claim of the paper."""
+
+  id: str
+  paper: str
+  parts: tuple[Part, ...]
+  control: bool = False
+
+
+CLAIMS = (
+    PaperClaim("fixed_depth", "C_i ranks rollout error at fixed depth: Spearman 0.91-0.98",
+               (Part("rho_fixed_worst", "greater", 0.80,
+                     "Spearman(C_i, E_i) at the seed's worst depth above 0.80"),)),
+    PaperClaim("within_trajectory", "ranking within trajectories: Spearman 0.69 +- 0.16",
+               (Part("rho_within_depth_mean", "greater", 0.53,
+                     "depth mean of the within-trajectory mean Spearman above 0.53 "
+                     "(= 0.69 - 0.16)"),)),
+    PaperClaim("calibrator_width", "calibrator interval factors 1.14x (68%) / 1.29x (95%)",
+               (Part("factor68", "less", 1.20, "68% factor exp(sigma) below 1.20"),)),
+    PaperClaim("calibrator_coverage", "calibrator coverage near nominal (68% / 95%)",
+               (Part("cov68", "equivalent", NOMINAL68,
+                     f"held-out 68% coverage within {NOMINAL68} +- {BAND68}", BAND68),
+                Part("cov95", "equivalent", NOMINAL95,
+                     f"held-out 95% coverage within {NOMINAL95} +- {BAND95}", BAND95))),
+    PaperClaim("calibrator_nll", "calibrator one nat better than depth-only (held-out NLL)",
+               (Part("nll_gain", "greater", 0.5,
+                     "NLL gain over the log-depth-only calibrator above 0.5 nats"),)),
+    PaperClaim("ood_auroc", "OOD AUROC 0.98, 1.0 by depth 10",
+               (Part("auroc_C_depth_mean", "greater", 0.90, "depth-mean AUROC of C_i above 0.90"),
+                Part("auroc_C_deepest", "greater", 0.95,
+                     "AUROC of C_i at the deepest depth above 0.95"))),
+    PaperClaim("dispersion_inverts",
+               "sampling-dispersion baselines invert on OOD data (AUROC < 0.5)",
+               _parts("less", 0.5, "depth-mean AUROC of the {} sample spread below 0.5",
+                      raw="auroc_disp_depth_mean", normalised="auroc_disp_norm_depth_mean")),
+    PaperClaim("selective_cut", "15% error cut at 80% coverage",
+               (Part("cut_C_depth_mean", "greater", 0.10,
+                     "depth mean of the per-depth error cut ranking by C_i above 0.10 (the "
+                     "paper's 0.15 is beyond the oracle here: see the sanity checks)"),)),
+    PaperClaim("specialists",
+               "bidirectional training beats direction specialists in both directions",
+               _parts("greater", 0.0,
+                      "{}: log(specialist / bidirectional error), depth mean, above 0",
+                      forward="gain_fwd", backward="gain_bwd")),
+    PaperClaim("inverse_solver", "the backward direction works as an inverse solver",
+               (Part("inverse_gain_worst", "greater", 0.0,
+                     "log(error of x_0 := x_i / error recovering x_0 from the true x_i) at "
+                     "the worst depth above 0"),)),
+    # Weaker forms and controls (not claims of the paper).
+    PaperClaim("fixed_depth_positive", "weaker: C_i ranks error at fixed depth better than chance",
+               (Part("rho_fixed_worst", "greater", 0.0,
+                     "Spearman at the seed's worst depth above 0"),), control=True),
+    PaperClaim("beats_spread", "control: C_i ranks error better than the sample spread",
+               (Part("rho_minus_disp", "greater", 0.0,
+                     "depth mean of rho(C_i) - best rho(spread) above 0"),), control=True),
+    PaperClaim("calibrator_nll_positive", "weaker: the calibrator with C beats depth-only at all",
+               _parts("greater", 0.0, "NLL gain over {} above 0",
+                      **{"log depth only": "nll_gain",
+                         "one mean per depth": "nll_gain_vs_onehot"}), control=True),
+    PaperClaim("coverage_by_depth", "control: the 68% interval is calibrated at each depth",
+               (Part("cov68_worst_deviation", "less", BAND68,
+                     f"largest |68% coverage - {NOMINAL68}| over depths below {BAND68}"),),
+               control=True),
+    PaperClaim("ood_beats_dispersion", "weaker: C_i detects OOD better than sampling dispersion",
+               (Part("auroc_C_minus_best_disp", "greater", 0.0,
+                     "depth-mean AUROC(C_i) - best spread AUROC above 0"),), control=True),
+    PaperClaim("selective_per_depth", "weaker: ranking by C_i cuts error at each fixed depth",
+               (Part("cut_C_depth_mean", "greater", 0.0, "depth mean of the per-depth cut above 0"),),
+               control=True),
+    PaperClaim("selective_pooled_beats_depth",
+               "weaker form of 'three times depth-only': pooled over depths, the calibrator's "
+               "ranking cuts more than depth alone",
+               (Part("pooled_cut_C_minus_depth", "greater", 0.0,
+                     "pooled cut of the main calibrator - depth-only calibrator above 0"),),
+               control=True),
+    PaperClaim("pooled_inflated", "control: pooling over depths inflates Spearman (spec's lesson)",
+               (Part("under_pooled_minus_fixed", "greater", 0.1,
+                     "undertrained model, pooled - depth-mean fixed-depth Spearman above 0.1"),),
+               control=True),
+    PaperClaim("trained_vs_undertrained", "control: training improves the fixed-depth ranking",
+               (Part("trained_minus_under", "greater", 0.0,
+                     "depth-mean Spearman, trained - undertrained, above 0"),), control=True),
+)
+
+GATE = Part("skill", "greater", SKILL_GATE,
+            f"skill 1 - E_1 / E_1(x_1 := x_0) above {SKILL_GATE}")
+
+# Rules that even an oracle ranking (by the true error) must meet for the rule to test C_i.
+ATTAINABLE = (
+    ("selective_cut", Part("cut_oracle_depth_mean", "greater", 0.10,
+                           "oracle ranking: depth mean of the per-depth cut above 0.10")),
+)
+
+DROPPED = (
+    {"id": "selective_vs_depth", "paper": "the cut is three times the depth-only baseline's",
+     "old_rule": "pooled (C cut - 3 x depth-only cut) above 0, and the C cut above 0",
+     "metrics": ("pooled_cut_C_minus_3x_depth", "pooled_cut_oracle_minus_3x_depth"),
+     "why": "no ranking can meet it: pooled over depths, ranking by depth alone already earns "
+            "nearly the oracle's whole cut (errors grow by an order of magnitude over the "
+            "depths), so even the oracle's pooled cut is far below three times the depth-only "
+            "one (oracle - 3 x depth-only below). Its attainable weaker form, "
+            "`selective_pooled_beats_depth`, is a control."},
+)
+
+
+def per_seed_values(per_seed: list[dict]) -> dict[str, list[float]]:
+  """{metric: finite per-seed values} of one system (metrics it lacks are left out)."""
+  out = {}
+  for name, fn in METRICS.items():
+    vals = [fn(s) for s in per_seed]
+    vals = [float(v) for v in vals if v is not None and np.isfinite(v)]
+    if any(fn(s) is not None for s in per_seed):
+      out[name] = vals
+  return out
+
+
+def _claim(cid: str, text: str, part: Part, system: str, family: str) -> harness.Claim:
+  return harness.Claim(cid, text, part.metric, (system,), part.direction, part.margin, family,
+                       center=part.center)
 
 
 def every(verdicts: list[str]) -> str:
+  """A claim of several parts: reproduced if each part is, not reproduced if any part is."""
   if verdicts and all(v == REPRODUCED for v in verdicts):
     return REPRODUCED
   if any(v == NOT for v in verdicts):
@@ -63,251 +252,68 @@ def every(verdicts: list[str]) -> str:
 
 
 def overall(verdicts: list[str]) -> str:
-  """Across the fair systems: unanimous verdicts stand, anything else is inconclusive."""
+  """Across the deciding systems: unanimous verdicts stand, anything else is inconclusive."""
   if verdicts and all(v == verdicts[0] for v in verdicts):
     return verdicts[0]
   return INCONCLUSIVE
 
 
-def skill_gate(summary: dict) -> bool:
-  """Whether a system's model beats the trivial no-change prediction clearly enough to decide."""
-  return above(summary["ranking"]["skill"], SKILL_GATE) == REPRODUCED
+def judge(per_seed: Mapping[str, list[dict]], roles: Mapping[str, str]) -> dict:
+  """Every verdict of the experiment from each system's per-seed statistics.
 
+  Returns a JSON-ready dict: ``gate`` (verdicts of the skill gate), ``deciding`` (the fair
+  systems that pass it), ``verdicts`` ({family: [verdict dicts]}, the oracle checks under
+  ``sanity@<system>``), ``claims`` (per paper claim: the verdict on each system that has its
+  data, and overall) and ``dropped`` (with the intervals of their metrics per system). A part whose metric has fewer than two
+  finite seeds on a system is not judged there.
+  """
+  values = {name: per_seed_values(ps) for name, ps in per_seed.items()}
+  by_metric: dict[str, dict[str, list[float]]] = {}
+  for name, vals in values.items():
+    for metric, v in vals.items():
+      by_metric.setdefault(metric, {})[name] = v
 
-def _m(c: dict, digits: int = 2) -> str:
-  return f"{c['mean']:.{digits}f}"
+  def judgeable(part: Part, system: str) -> bool:
+    return len(values[system].get(part.metric, [])) >= 2
 
-
-def _ci(c: dict, digits: int = 2) -> str:
-  if c["n"] < 2 or math.isnan(c["lo"]):
-    return _m(c, digits)
-  return f"{c['mean']:.{digits}f} [{c['lo']:.{digits}f}, {c['hi']:.{digits}f}]"
-
-
-def _per_depth(cs: list[dict], depths, digits: int = 2) -> str:
-  return " / ".join(_m(c, digits) for c in cs) + f" (d={'/'.join(map(str, depths))})"
-
-
-@dataclasses.dataclass(frozen=True)
-class Claim:
-  """One claim: ``judge(summary, depths) -> (verdict, our numbers)`` for one system's summary;
-  ``needs`` names the summary section the claim requires (systems without it are skipped)."""
-
-  id: str
-  paper: str
-  rule: str
-  judge: Callable[[dict, tuple], tuple[str, str]]
-  needs: str = "ranking"
-  control: bool = False  # a weaker form or a control, not a claim of the paper
-
-
-def _fixed(s, depths, t=0.8):
-  cs = s["ranking"]["rho_fixed"]
-  return every([above(c, t) for c in cs]), _per_depth(cs, depths)
-
-
-def _within(s, depths):
-  r = s["ranking"]
-  std = sum(c["mean"] for c in r["rho_within_std"]) / len(depths)
-  c = r["rho_within_depth_mean"]
-  return above(c, 0.53), f"{_ci(c)} (+- {std:.2f} over trajectories; depth mean)"
-
-
-def _width(s, depths):
-  cal = s["calibration"]["c_logdepth"]
-  return below(cal["factor68"], 1.20), (f"{_ci(cal['factor68'])}x / "
-                                        f"{_m(cal['factor95'])}x")
-
-
-def _coverage(s, depths):
-  cal = s["calibration"]["c_logdepth"]
-  v = every([band(cal["cov68"], 0.603, 0.763), band(cal["cov95"], 0.91, 0.99)])
-  return v, f"{_ci(cal['cov68'])} / {_ci(cal['cov95'])}"
-
-
-def _nll(s, depths, t=0.5):
-  cal = s["calibration"]
-  return above(cal["nll_gain"], t), (f"{_ci(cal['nll_gain'])} nats "
-                                     f"({_m(cal['c_logdepth']['nll'])} vs "
-                                     f"{_m(cal['logdepth']['nll'])})")
-
-
-def _auroc(s, depths):
-  o = s["ood"]
-  v = every([above(o["C_depth_mean"], 0.90), above(o["C"][-1], 0.95)])
-  return v, f"{_per_depth(o['C'], depths)}; mean {_ci(o['C_depth_mean'])}"
-
-
-def _inverts(s, depths):
-  o = s["ood"]
-  v = every([below(o["disp_depth_mean"], 0.5), below(o["disp_norm_depth_mean"], 0.5)])
-  return v, f"raw {_ci(o['disp_depth_mean'])}, normalised {_ci(o['disp_norm_depth_mean'])}"
-
-
-def _cut15(s, depths):
-  sel = s["selective"]
-  p = sel["pooled"]
-  return above(sel["by_depth_C_mean"], 0.10), (
-      f"{_ci(sel['by_depth_C_mean'])} depth mean of {_per_depth(sel['by_depth']['C'], depths)}; "
-      f"pooled {_m(p['C_calibrated'])} vs depth-only pooled {_m(p['depth'])}")
-
-
-def _cut3x(s, depths):
-  p = s["selective"]["pooled"]
-  v = every([above(p["C_minus_3x_depth"], 0.0), above(p["C_calibrated"], 0.0)])
-  return v, (f"C {_m(p['C_calibrated'])} vs depth-only "
-             f"{_m(p['depth'])} (C - 3 x depth: {_ci(p['C_minus_3x_depth'])})")
-
-
-def _specialists(s, depths):
-  sp = s["specialists"]
-  v = every([above(sp["gain_fwd"], 0.0), above(sp["gain_bwd"], 0.0)])
-  return v, (f"log(specialist / bidir error): forward {_ci(sp['gain_fwd'])}, backward "
-             f"{_ci(sp['gain_bwd'])}")
-
-
-def _inverse(s, depths):
-  inv = s["inverse"]
-  v = every([above(c, 0.0) for c in inv["gain_vs_persistence"]])
-  return v, (f"error {_per_depth(inv['error'], depths, 3)} vs x_0 := x_i "
-             f"{' / '.join(_m(c, 3) for c in inv['persistence'])}")
-
-
-def _fixed_positive(s, depths):
-  return _fixed(s, depths, t=0.0)
-
-
-def _beats_spread(s, depths):
-  c = s["derived"]["rho_minus_disp"]
-  return above(c, 0.0), f"{_ci(c)} (depth mean of rho(C) - best rho(dispersion))"
-
-
-def _nll_positive(s, depths):
-  cal = s["calibration"]
-  v = every([above(cal["nll_gain"], 0.0), above(cal["nll_gain_vs_onehot"], 0.0)])
-  return v, (f"vs log-depth {_ci(cal['nll_gain'])}, vs one mean per depth "
-             f"{_ci(cal['nll_gain_vs_onehot'])} nats")
-
-
-def _coverage_by_depth(s, depths):
-  cal = s["calibration"]["c_logdepth"]
-  v = every([band(c, 0.603, 0.763) for c in cal["cov68_by_depth"]])
-  return v, _per_depth(cal["cov68_by_depth"], depths)
-
-
-def _ood_beats_disp(s, depths):
-  o = s["ood"]
-  return above(o["C_minus_best_disp"], 0.0), (f"{_ci(o['C_minus_best_disp'])}; true error E "
-                                              f"itself: {_ci(o['E_depth_mean'])}")
-
-
-def _cut_per_depth(s, depths):
-  c = s["selective"]["by_depth_C_mean"]
-  return above(c, 0.0), f"{_ci(c)} (depth mean; oracle " \
-      f"{_per_depth(s['selective']['by_depth']['oracle'], depths)})"
-
-
-def _pooled_inflated(s, depths):
-  c = s["derived"]["under_pooled_minus_fixed"]
-  u = s["undertrained"]
-  return above(c, 0.1), (f"undertrained model: pooled {_ci(u['rho_pooled'])} vs fixed depth "
-                         f"{_per_depth(u['rho_fixed'], depths)}")
-
-
-def _trained_beats_under(s, depths):
-  c = s["derived"]["trained_minus_under"]
-  return above(c, 0.0), f"{_ci(c)} (depth mean of rho(C) trained - undertrained)"
-
-
-CLAIMS = (
-    Claim("fixed_depth", "C_i ranks rollout error at fixed depth: Spearman 0.91-0.98",
-          "CI above 0.80 at every depth", _fixed),
-    Claim("within_trajectory", "ranking within trajectories: Spearman 0.69 +- 0.16",
-          "depth mean of the within-trajectory mean Spearman: CI above 0.53 (= 0.69 - 0.16)",
-          _within),
-    Claim("calibrator_width", "calibrator interval factors 1.14x (68%) / 1.29x (95%)",
-          "68% factor exp(sigma): CI below 1.20", _width, needs="calibration"),
-    Claim("calibrator_coverage", "calibrator coverage near nominal (68% / 95%)",
-          "held-out coverage CIs inside [0.60, 0.76] (68%) and [0.91, 0.99] (95%)", _coverage,
-          needs="calibration"),
-    Claim("calibrator_nll", "calibrator one nat better than depth-only (held-out NLL)",
-          "NLL gain over the depth-only calibrator: CI above 0.5 nats", _nll,
-          needs="calibration"),
-    Claim("ood_auroc", "OOD AUROC 0.98, 1.0 by depth 10",
-          "depth-mean AUROC of C: CI above 0.90, and at the deepest depth above 0.95", _auroc,
-          needs="ood"),
-    Claim("dispersion_inverts", "sampling-dispersion baselines invert on OOD data (AUROC < 0.5)",
-          "depth-mean AUROC of raw and of normalised dispersion: both CIs below 0.5", _inverts,
-          needs="ood"),
-    Claim("selective_cut", "15% error cut at 80% coverage",
-          "depth mean of the per-depth cut ranking by C_i: CI above 0.10 (pooled over depths, "
-          "ranking by depth alone earns about the whole pooled cut, as the depth-only column "
-          "shows, so the pooled cut does not measure C_i)", _cut15, needs="selective"),
-    Claim("selective_vs_depth", "the cut is three times the depth-only baseline's",
-          "pooled (C cut - 3 x depth-only cut) and the C cut itself: both CIs above 0", _cut3x,
-          needs="selective"),
-    Claim("specialists", "bidirectional training beats direction specialists in both directions",
-          "log(specialist / bidirectional error), averaged over depths: both CIs above 0",
-          _specialists, needs="specialists.gain_fwd"),
-    Claim("inverse_solver", "the backward direction works as an inverse solver",
-          "error recovering x_0 from the true x_i below the trivial x_0 := x_i: "
-          "log-ratio CI above 0 at every depth", _inverse, needs="inverse"),
-    # Weaker forms and controls (not claims of the paper).
-    Claim("fixed_depth_positive", "weaker: C_i ranks error at fixed depth better than chance",
-          "Spearman CI above 0 at every depth", _fixed_positive, control=True),
-    Claim("beats_spread", "control: C_i ranks error better than the sample spread (M samples)",
-          "depth-mean Spearman difference: CI above 0", _beats_spread, needs="derived",
-          control=True),
-    Claim("calibrator_nll_positive", "weaker: the calibrator with C beats depth-only at all",
-          "NLL gain CI above 0 vs both depth-only calibrators", _nll_positive,
-          needs="calibration", control=True),
-    Claim("coverage_by_depth", "control: the 68% interval is calibrated at each depth",
-          "per-depth coverage CI inside [0.60, 0.76] at every depth", _coverage_by_depth,
-          needs="calibration", control=True),
-    Claim("ood_beats_dispersion", "weaker: C_i detects OOD better than sampling dispersion",
-          "depth-mean AUROC(C) - best dispersion AUROC: CI above 0", _ood_beats_disp,
-          needs="ood", control=True),
-    Claim("selective_per_depth", "weaker: ranking by C_i cuts error at each fixed depth",
-          "depth mean of the per-depth cut: CI above 0", _cut_per_depth, needs="selective",
-          control=True),
-    Claim("pooled_inflated", "control: pooling over depths inflates Spearman (spec's lesson)",
-          "undertrained model, pooled minus depth-mean fixed-depth Spearman: CI above 0.1",
-          _pooled_inflated, needs="undertrained", control=True),
-    Claim("trained_vs_undertrained", "control: training improves the fixed-depth ranking",
-          "depth-mean Spearman, trained - undertrained: CI above 0", _trained_beats_under,
-          needs="undertrained", control=True),
-)
-
-
-def _has(summary: dict, path: str) -> bool:
-  node: Any = summary
-  for part in path.split("."):
-    if not isinstance(node, dict) or part not in node:
-      return False
-    node = node[part]
-  return True
-
-
-def deciding_systems(summaries: dict[str, dict], roles: dict[str, str]) -> list[str]:
-  """The fair systems that pass the skill gate: the only ones entering the overall verdict."""
-  return [n for n, s in summaries.items() if roles[n] == "fair" and skill_gate(s)]
-
-
-def judge_all(summaries: dict[str, dict], roles: dict[str, str], depths: dict[str, tuple]
-              ) -> list[dict]:
-  """Verdicts of every claim on every system that has the data, and across the deciding
-  systems (fair tests whose model passes the skill gate)."""
-  deciding = deciding_systems(summaries, roles)
-  out = []
-  for claim in CLAIMS:
-    cells = {}
-    for name, s in summaries.items():
-      if _has(s, claim.needs):
-        verdict, ours = claim.judge(s, depths[name])
-        cells[name] = {"verdict": verdict, "ours": ours, "role": roles[name]}
-    votes = [c["verdict"] for n, c in cells.items() if n in deciding]
-    out.append({"id": claim.id, "paper": claim.paper, "rule": claim.rule,
-                "control": claim.control, "systems": cells,
-                "verdict": overall(votes) if votes else INCONCLUSIVE,
-                "deciding_systems": [n for n in cells if n in deciding]})
-  return out
+  gates = [_claim(f"skill_gate@{n}", GATE.rule, GATE, n, f"gate@{n}")
+           for n in per_seed if judgeable(GATE, n)]
+  gate = harness.judge_family(gates, by_metric)
+  deciding = [v.claim.arms[0] for v in gate
+              if v.verdict == REPRODUCED and roles[v.claim.arms[0]] == "fair"]
+  claims, origin = [], {}
+  for pc in CLAIMS:
+    group = "controls" if pc.control else "paper"
+    for system in per_seed:
+      family = group if system in deciding else f"{group}@{system}"
+      for i, part in enumerate(pc.parts):
+        if judgeable(part, system):
+          claims.append(_claim(f"{pc.id}.{i}@{system}", f"`{pc.id}`: {part.rule}", part, system,
+                               family))
+          origin[claims[-1].id] = (pc.id, system)
+  for cid, part in ATTAINABLE:
+    for system in per_seed:
+      if judgeable(part, system):
+        claims.append(_claim(f"{cid}.oracle@{system}", f"`{cid}`: {part.rule}", part, system,
+                             f"sanity@{system}"))
+  judged = harness.judge_family(claims, by_metric)
+  verdicts: dict[str, list[dict]] = {}
+  parts: dict[tuple[str, str], list[str]] = {}
+  for v in judged:
+    verdicts.setdefault(v.claim.family, []).append(v.to_json())
+    if v.claim.id in origin:
+      parts.setdefault(origin[v.claim.id], []).append(v.verdict)
+  table = []
+  for pc in CLAIMS:
+    systems = {s: every(parts[(pc.id, s)]) for s in per_seed if (pc.id, s) in parts}
+    votes = [systems[s] for s in deciding if s in systems]
+    table.append({"id": pc.id, "paper": pc.paper, "control": pc.control, "systems": systems,
+                  "verdict": overall(votes) if votes else INCONCLUSIVE,
+                  "deciding_systems": [s for s in deciding if s in systems],
+                  "rules": [p.rule for p in pc.parts]})
+  dropped = [dict(d, cells={m: {s: harness.cell(values[s][m]) for s in per_seed
+                                if len(values[s].get(m, [])) >= 1}
+                            for m in d["metrics"]})
+             for d in DROPPED]
+  return {"gate": [v.to_json() for v in gate], "deciding": deciding, "verdicts": verdicts,
+          "claims": table, "dropped": dropped}

@@ -9,7 +9,6 @@ models (direction specialists, an undertrained model) are trained beside the bid
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 from rlpost.dynamics import model as mdl
 from rlpost.dynamics import rollout as ro
@@ -95,16 +94,19 @@ class SystemPlan:
     """The sampler of the dispersion baseline: Euler from Gaussian noise."""
     return ro.SamplerConfig(num_steps=self.sampler_steps, method="euler", init="noise")
 
-  def fingerprint(self, kind: str) -> str:
-    """Hash of everything a unit of this kind depends on (a cached unit with another is stale)."""
-    items = (self.name, repr(self.train_config(kind)), self.depths, self.start_stride,
-             self.ood_start_every, self.num_train_traj, self.num_test_traj, self.num_ood_traj,
-             self.sampler_steps, self.num_samples, kind, UNIT_VERSION)
-    return hashlib.sha256(repr(items).encode()).hexdigest()[:12]
+  def unit_spec(self, kind: str, seed: int, data_seed: int) -> dict:
+    """Plain data that determines one (kind, seed) unit: its cache key (``harness.Unit``)."""
+    return {"system": self.name, "kind": kind, "seed": seed, "data_seed": data_seed,
+            "train": dataclasses.asdict(self.train_config(kind)), "depths": list(self.depths),
+            "start_stride": self.start_stride, "ood_start_every": self.ood_start_every,
+            "num_train_traj": self.num_train_traj, "num_test_traj": self.num_test_traj,
+            "num_ood_traj": self.num_ood_traj, "sampler_steps": self.sampler_steps,
+            "num_samples": self.num_samples, "version": UNIT_VERSION}
 
 
-# Bumped when the unit's computation changes, so that cached units are recomputed.
-UNIT_VERSION = 2
+# Bumped when the unit's computation changes, so that cached units are recomputed (it is part
+# of every unit's spec, hence of its cache key).
+UNIT_VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,12 +128,28 @@ class ExperimentConfig:
         return p
     raise KeyError(name)
 
+  @classmethod
+  def from_dict(cls, config: dict) -> "ExperimentConfig":
+    """The inverse of ``dataclasses.asdict`` (the plain-data config of ``get_config``)."""
+    plans = []
+    for p in config["plans"]:
+      train = dict(p["train"], model=mdl.ModelConfig(**p["train"]["model"]))
+      plans.append(SystemPlan(**dict(p, train=tr.TrainConfig(**train),
+                                     depths=tuple(p["depths"]))))
+    return cls(plans=tuple(plans), **{k: v for k, v in config.items() if k != "plans"})
+
+
+def get_config(quick: bool) -> dict:
+  """The experiment as plain data (``harness.Experiment.get_config``): ``"seeds"`` is the seed
+  count ``--seeds`` overrides."""
+  return dataclasses.asdict(quick_config() if quick else full_config())
+
 
 def _model_1d(**kw) -> mdl.ModelConfig:
   return mdl.ModelConfig(num_fields=1, spatial_dims=1, **kw)
 
 
-def full_config(seeds: int | None = None) -> ExperimentConfig:
+def full_config() -> ExperimentConfig:
   """The reported run, budgeted to about 40 minutes on two shared CPU cores (README: timings).
 
   1D: the default 109k-parameter field model, 1000 steps at batch 64. 2D: a smaller field model
@@ -156,10 +174,10 @@ def full_config(seeds: int | None = None) -> ExperimentConfig:
                            num_steps=900, batch_size=16),
       depths=(1, 2, 4, 8), start_stride=8, sampler_steps=4, num_samples=4,
       num_train_traj=32, num_test_traj=16, num_ood_traj=16)
-  return ExperimentConfig(plans=(kdv, ks, ns), seeds=3 if seeds is None else seeds)
+  return ExperimentConfig(plans=(kdv, ks, ns), seeds=3)
 
 
-def quick_config(seeds: int | None = None) -> ExperimentConfig:
+def quick_config() -> ExperimentConfig:
   """Toy size: every code path, tiny models, a few trajectories (well under a minute).
 
   The training, test and OOD window counts are equal, so each rollout function compiles once
@@ -181,4 +199,4 @@ def quick_config(seeds: int | None = None) -> ExperimentConfig:
       plan("ns2d", mdl.ModelConfig(num_fields=1, spatial_dims=2, latent=True, latent_channels=2,
                                    ae_width=4, **tiny), depths=(1, 2), start_stride=19,
            num_train_traj=8, num_test_traj=4, num_ood_traj=8),
-  ), seeds=2 if seeds is None else seeds)
+  ), seeds=2)

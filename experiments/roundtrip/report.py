@@ -1,49 +1,40 @@
-"""Markdown tables and PNG plots of the round-trip experiment (from ``analysis`` summaries)."""
+"""``table.md`` and the PNG plots of the round-trip experiment, from ``results.json`` alone
+(``harness.Experiment.render`` and ``plot``)."""
 
 from __future__ import annotations
 
-import math
 import os
-from typing import Any
 
 import numpy as np
 
-from experiments.averaging import report as R
-from experiments.roundtrip import analysis as A
+from experiments import harness
 from experiments.roundtrip import claims as CL
 
 SYSTEM_ORDER = ("kdv1d", "ns2d", "ks1d")  # fair tests first, then the stress test
 
 
+def _empty(c) -> bool:
+  return c is None or c.get("n", 0) == 0 or c.get("mean") is None
+
+
 def _m(c: dict, digits: int = 3) -> str:
-  if c is None or c["n"] == 0 or math.isnan(c["mean"]):
-    return "—"
-  return f"{c['mean']:.{digits}f}"
+  return "—" if _empty(c) else f"{c['mean']:.{digits}f}"
 
 
 def _ci(c: dict, digits: int = 2) -> str:
-  if c is None or c["n"] == 0 or math.isnan(c["mean"]):
-    return "—"
-  return R.fmt(c, digits)
+  return "—" if _empty(c) else harness.fmt(c, digits)
 
 
-def claims_table(claims: list[dict], systems: list[str], roles: dict[str, str],
-                 control: bool) -> str:
-  header = ["claim", "paper", "verdict"] + [f"{s} ({roles[s]})" for s in systems]
-  rows = []
-  for c in claims:
-    if c["control"] != control:
-      continue
-    cells = []
-    for s in systems:
-      cell = c["systems"].get(s)
-      cells.append("n/a" if cell is None else f"{cell['verdict']}: {cell['ours']}")
-    rows.append([f"`{c['id']}`", c["paper"], f"**{c['verdict']}**"] + cells)
-  return R.markdown_table(header, rows)
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+  return "\n".join(["| " + " | ".join(r) + " |"
+                    for r in [header, ["---"] * len(header), *rows]])
 
 
-def rules_list(claims: list[dict]) -> str:
-  return "\n".join(f"- `{c['id']}`: {c['rule']}." for c in claims)
+def _names(report: dict) -> list[str]:
+  return [n for n in SYSTEM_ORDER if n in report["data"]["systems"]]
+
+
+# ----------------------------------------------------------------------------- tables
 
 
 def ranking_table(s: dict, depths) -> str:
@@ -64,7 +55,7 @@ def ranking_table(s: dict, depths) -> str:
     if u:
       row.append(_ci(u["rho_fixed"][k]))
     rows.append(row)
-  text = R.markdown_table(header, rows)
+  text = markdown_table(header, rows)
   text += (f"\n\nPooled over (rollout, depth) pairs (inflated by the shared depth trend, shown "
            f"only for contrast): trained {_ci(r['rho_pooled'])}")
   if u:
@@ -81,10 +72,10 @@ def calibration_table(s: dict, depths) -> str:
            "depth_onehot": "one mean per depth"}
   rows = [[names[n], _m(cal[n]["sigma"]), _m(cal[n]["factor68"], 2), _m(cal[n]["factor95"], 2),
            _ci(cal[n]["cov68"]), _ci(cal[n]["cov95"]), _ci(cal[n]["nll"])] for n in names]
-  text = R.markdown_table(header, rows)
+  text = markdown_table(header, rows)
   main = cal["c_logdepth"]
   text += "\n\nPer depth (main calibrator), held-out:\n\n"
-  text += R.markdown_table(
+  text += markdown_table(
       ["depth"] + [str(d) for d in depths],
       [["coverage 68%"] + [_m(c, 2) for c in main["cov68_by_depth"]],
        ["coverage 95%"] + [_m(c, 2) for c in main["cov95_by_depth"]],
@@ -97,21 +88,22 @@ def ood_table(s: dict, depths) -> str:
   o = s["ood"]
   rows = [[str(d), _ci(o["C"][k]), _ci(o["disp"][k]), _ci(o["disp_norm"][k]), _m(o["E"][k], 2)]
           for k, d in enumerate(depths)]
-  return R.markdown_table(["depth", "AUROC C_i", "sample spread (raw)", "spread (normalised)",
-                           "true error E_i (reference)"], rows)
+  return markdown_table(["depth", "AUROC C_i", "sample spread (raw)", "spread (normalised)",
+                         "true error E_i (reference)"], rows)
 
 
 def selective_table(s: dict, depths, coverage: float) -> str:
   sel = s["selective"]
   b = sel["by_depth"]
-  rows = [[str(d), _ci(b["C"][k]), _m(b["disp"][k]), _m(b["depth"][k]), _m(b["oracle"][k])]
+  rows = [[str(d), _ci(b["C"][k]), _m(b["disp"][k]), _m(b["depth"][k]), _ci(b["oracle"][k])]
           for k, d in enumerate(depths)]
   p = sel["pooled"]
   rows.append(["pooled", f"{_ci(p['C_calibrated'])} (calibrated; raw C {_m(p['C_raw'])})", "—",
-               _m(p["depth"]), _m(p["oracle"])])
-  return (f"Error cut at {coverage:.0%} coverage (1 - kept mean error / mean error):\n\n" +
-          R.markdown_table(["depth", "ranked by C_i", "sample spread", "depth only", "oracle"],
-                           rows))
+               _ci(p["depth"]), _ci(p["oracle"])])
+  return (f"Error cut at {coverage:.0%} coverage (1 - kept mean error / mean error); the oracle "
+          "ranks by the true error, the most any ranking can cut:\n\n" +
+          markdown_table(["depth", "ranked by C_i", "sample spread", "depth only", "oracle"],
+                         rows))
 
 
 def direction_table(s: dict, depths) -> str:
@@ -129,65 +121,129 @@ def direction_table(s: dict, depths) -> str:
                  _m(inv["persistence"][k])])
   text = ("Mean relative L2 error of forward rollouts from the test starts, of backward rollouts "
           "from the true state i frames later (recovering x_0 from x_i), and of the trivial "
-          "estimate x_0 := x_i:\n\n" + R.markdown_table(header, rows))
+          "estimate x_0 := x_i:\n\n" + markdown_table(header, rows))
   if "gain_fwd" in sp:
     text += (f"\n\nOne step, log(specialist / bidirectional error): forward "
              f"{_ci(sp['gain_fwd_1step'])}, backward {_ci(sp['gain_bwd_1step'])}.")
   return text
 
 
-def system_section(name: str, info: dict, coverage: float) -> str:
-  s, depths = info["summary"], info["depths"]
-  parts = [f"### {name} ({info['role']} test)\n", info["description"] + "\n",
-           f"Model: {info['num_params']:,} parameters ({info['model']}), {info['steps']} training "
-           f"steps at batch {info['batch_size']}; rollouts from {info['rollouts']}; sampler: "
-           f"{info['sampler']}.\n",
-           "**Ranking** (test rollouts; mean [95% CI] over seeds):\n", ranking_table(s, depths),
-           "\n**Calibration** (fit on training-set rollouts, evaluated on test rollouts):\n",
-           calibration_table(s, depths),
-           "\n**OOD detection** (OOD rollouts vs test rollouts from the same start times):\n",
-           ood_table(s, depths), "\n**Selective prediction**\n",
-           selective_table(s, depths, coverage),
-           "\n**Directions**\n", direction_table(s, depths), ""]
-  return "\n".join(parts)
+def system_section(name: str, info: dict, s: dict, coverage: float) -> str:
+  depths = info["depths"]
+  return "\n".join([
+      f"### {name} ({info['role']} test)\n", info["description"] + "\n",
+      f"Model: {info['num_params']:,} parameters ({info['model']}), {info['steps']} training "
+      f"steps at batch {info['batch_size']}; rollouts from {info['rollouts']}; sampler: "
+      f"{info['sampler']}.\n",
+      "**Ranking** (test rollouts; mean [95% t interval] over seeds):\n", ranking_table(s, depths),
+      "\n**Calibration** (fit on training-set rollouts, evaluated on test rollouts):\n",
+      calibration_table(s, depths),
+      "\n**OOD detection** (OOD rollouts vs test rollouts from the same start times):\n",
+      ood_table(s, depths), "\n**Selective prediction**\n",
+      selective_table(s, depths, coverage),
+      "\n**Directions**\n", direction_table(s, depths), ""])
 
 
-def markdown(meta: dict, systems: dict[str, dict], claims: list[dict], coverage: float) -> str:
-  names = [n for n in SYSTEM_ORDER if n in systems]
+# ----------------------------------------------------------------------------- the table
+
+
+def _run_line(report: dict) -> str:
+  cfg, mach = report["config"], report["machine"]
+  hardware = mach.get("hardware") or (f"{mach.get('processor')}, {mach.get('cpus')} CPU cores, "
+                                      f"jax {mach.get('versions', {}).get('jax')} on "
+                                      f"{mach.get('platform')}")
+  if mach.get("recorded") is False:
+    hardware += ", as the pre-harness run recorded it"
+  n_units = sum(len(s["units"]) for s in report["data"]["systems"].values())
+  return (f"`{report['command']}`: {cfg['seeds']} seeds per system (model initialisation and "
+          f"training noise; data fixed, dataset seed {cfg['data_seed']}); "
+          f"{report['unit_seconds'] / 60:.1f} min of training and evaluation over {n_units} units "
+          f"({hardware}). Cells: mean [95% Student-t interval over seeds].")
+
+
+def _verdicts_table(claims: list[dict], names: list[str], roles: dict, control: bool) -> str:
+  rows = [[f"`{c['id']}`", c["paper"], f"**{c['verdict']}**"]
+          + [c["systems"].get(n, "n/a") for n in names]
+          for c in claims if c["control"] == control]
+  return markdown_table(["claim", "paper", "verdict"] + [f"{n} ({roles[n]})" for n in names],
+                        rows)
+
+
+def render(report: dict) -> str:
+  s = report["summary"]
+  systems = report["data"]["systems"]
+  names = _names(report)
   roles = {n: systems[n]["role"] for n in names}
   fair = [n for n in names if roles[n] == "fair"]
   stress = [n for n in names if roles[n] == "stress"]
-  deciding = CL.deciding_systems({n: systems[n]["summary"] for n in names}, roles)
-  parts = [
-      f"## Results ({meta['mode']} run)\n",
-      f"Command: `{meta['command']}`  \nHardware: {meta['hardware']}  \n"
-      f"Runtime: {meta['seconds']['units']:.0f} s of training and evaluation (summed over the "
-      f"{meta['num_units']} units); this invocation: {meta['seconds']['total']:.0f} s, "
-      f"{meta['num_cached']} units loaded from the cache  \n"
-      f"Seeds: {meta['seeds']} (model initialisation and training noise; data fixed, dataset "
-      f"seed {meta['data_seed']}); intervals are 95% bootstrap CIs of the mean over seeds.\n",
+  deciding = s["deciding"]
+  gate = {v["claim"]["arms"][0]: v for v in s["gate"]}
+  fam = s["verdicts"]
+  paper, controls = fam.get("paper", []), fam.get("controls", [])
+  seeds = report["config"]["seeds"]
+  excluded = ("Intervals cover seed-to-seed variation (model initialisation and training noise) "
+              "only: every seed is evaluated on the same fixed test, training and OOD "
+              "trajectories with the same evaluation noise keys, so they exclude the sampling "
+              "error of the trajectories.")
+  lines = [
+      "# Round-trip consistency at CPU scale", "", _run_line(report), "",
       f"Fair tests: {', '.join(fair) or 'none'} (reversible or near-conservative: backward "
       f"stepping is well posed). Stress test: {', '.join(stress) or 'none'} (dissipative: "
       "backward stepping is ill posed, so C_i can measure the backward leg's divergence rather "
-      "than the forward error). The verdict column combines the fair tests whose model has "
-      f"learned the dynamics (skill 1 - E_1 / E_1(no change) with its CI above "
-      f"{CL.SKILL_GATE}); deciding here: {', '.join(deciding) or 'none'}.\n",
-      R.markdown_table(["system", "role", "skill at depth 1 (1 - E_1 / no-change error)",
-                        "E_1", "no-change error", "decides"],
-                       [[n, roles[n], _ci(systems[n]["summary"]["ranking"]["skill"]),
-                         _m(systems[n]["summary"]["ranking"]["E_mean"][0]),
-                         _m(systems[n]["summary"]["ranking"]["E_persistence"][0]),
-                         "yes" if n in deciding else "no"] for n in names]) + "\n",
-      "### Claims of the paper\n",
-      claims_table(claims, names, roles, control=False),
-      "\n### Weaker forms and controls (not claims of the paper)\n",
-      claims_table(claims, names, roles, control=True),
-      "\nRules (computed in `experiments/roundtrip/claims.py`; reproduced = the CI clears the "
-      "threshold, not reproduced = it lies entirely on the wrong side, inconclusive otherwise):\n",
-      rules_list(claims), ""]
+      "than the forward error). A fair test decides only when its model has learned the dynamics: "
+      f"skill 1 - E_1 / E_1(no change) above {CL.SKILL_GATE} (one-sided t test at 5%, interval "
+      f"above {CL.SKILL_GATE}); deciding here: {', '.join(deciding) or 'none'}.", "",
+      markdown_table(["system", "role", "skill at depth 1 (1 - E_1 / no-change error)", "E_1",
+                      "no-change error", "gate p", "decides"],
+                     [[n, roles[n], _ci(s["systems"][n]["ranking"]["skill"]),
+                       _m(s["systems"][n]["ranking"]["E_mean"][0]),
+                       _m(s["systems"][n]["ranking"]["E_persistence"][0]),
+                       f"{gate[n]['p']:.3g}" if n in gate else "—",
+                       "yes" if n in deciding else "no"] for n in names]), "",
+      "## Paper claims", "",
+      f"Verdicts on the deciding systems ({', '.join(deciding) or 'none'}); the other systems' "
+      "verdicts, in their own families, are shown beside and do not enter the verdict column. "
+      "A claim of several parts is reproduced when every part is, not reproduced when any "
+      "part is.", "",
+      _verdicts_table(s["claims"], names, roles, control=False), "",
+      f"Parts on the deciding systems: one Holm family, {seeds} seeds per system, one-sample "
+      "claims about per-seed summaries (a - threshold). " + excluded, "",
+      *harness.verdict_rows(paper), "",
+      harness.protocol_note(paper) or "No system decides: every paper verdict is inconclusive.",
+      "",
+      "Rules (``experiments/roundtrip/claims.py``): a part is reproduced when its Holm-adjusted "
+      "one-sided t test rejects at 5% and its 95% t interval clears the threshold, not "
+      "reproduced when the interval lies wholly on the wrong side, inconclusive otherwise; a "
+      "coverage band is an equivalence claim (TOST, reproduced when both one-sided tests reject, "
+      "not reproduced when the 90% interval lies outside the band). Rules made at every depth "
+      "are judged on each seed's worst depth. The permutation p (one-sided, not adjusted) is "
+      f"reported beside; at {seeds} seeds its smallest value, 1/{2 ** seeds}, is too coarse to "
+      "decide.", ""]
+  for d in s["dropped"]:
+    cells = "; ".join(f"{m}: " + ", ".join(f"{n} {_ci(c[n], 3)}" for n in names if n in c)
+                      for m, c in d["cells"].items())
+    lines += [f"Dropped: `{d['id']}` ({d['paper']}; old rule: {d['old_rule']}): {d['why']} "
+              f"Intervals over seeds: {cells}.", ""]
+  lines += ["## Weaker forms and controls (not claims of the paper)", "",
+            _verdicts_table(s["claims"], names, roles, control=True), "",
+            "Parts on the deciding systems (one Holm family):", "",
+            *harness.verdict_rows(controls), ""]
+  others = [n for n in names if n not in deciding]
+  if others:
+    lines += ["## Systems that do not decide", "",
+              "The same parts on each system outside the verdict column (paper claims and "
+              "controls each Holm-adjusted per system).", ""]
+    for n in others:
+      rows = fam.get(f"paper@{n}", []) + fam.get(f"controls@{n}", [])
+      lines += [f"### {n} ({roles[n]} test)", "", *harness.verdict_rows(rows), ""]
+  lines += ["## Sanity checks", "",
+            "An oracle ranking (by the true error) must meet a selective-prediction rule for the "
+            "rule to test C_i (statistics.md, point 6).", ""]
+  lines += harness.verdict_rows([v for n in names for v in fam.get(f"sanity@{n}", [])])
+  lines += ["", "## Details per system", ""]
   for n in names:
-    parts.append(system_section(n, systems[n], coverage))
-  return "\n".join(parts)
+    lines.append(system_section(n, systems[n], s["systems"][n], report["config"]["coverage"]))
+  return "\n".join(lines).rstrip() + "\n"
 
 
 # ----------------------------------------------------------------------------- plots
@@ -210,25 +266,34 @@ def _no_minor_labels(ax) -> None:
   ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def plot_scatter(systems: dict[str, dict], first_units: dict[str, dict], out_dir: str) -> str:
-  """C_i vs E_i on test rollouts, one panel per (system, depth), first seed."""
+def _save(fig, plt, out_dir: str, name: str) -> str:
+  fig.tight_layout()
+  path = os.path.join(out_dir, name)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
+
+
+def plot_scatter(report: dict, out_dir: str) -> str:
+  """C_i vs E_i on test rollouts (seed 0's kept sample), one panel per (system, depth)."""
   plt = _plt()
-  names = [n for n in SYSTEM_ORDER if n in systems]
+  systems = report["data"]["systems"]
+  names = _names(report)
   ncol = max(len(systems[n]["depths"]) for n in names)
   fig, axes = plt.subplots(len(names), ncol, figsize=(2.6 * ncol, 2.5 * len(names)),
                            squeeze=False)
   for r, n in enumerate(names):
-    a, depths = first_units[n]["bidir"], systems[n]["depths"]
+    sc, depths = systems[n]["scatter"], systems[n]["depths"]
     for k in range(ncol):
       ax = axes[r][k]
       if k >= len(depths):
         ax.axis("off")
         continue
-      e, c = A._floor(a["test_E"][:, k]), A._floor(a["test_C"][:, k])
+      e, c = np.asarray(sc["E"][k]), np.asarray(sc["C"][k])
       ax.loglog(e, c, ".", ms=3, alpha=0.6)
       lim = [min(e.min(), c.min()), max(e.max(), c.max())]
       ax.plot(lim, lim, "k:", lw=0.8)
-      rho = systems[n]["per_seed"][0]["ranking"]["rho_fixed"][k]
+      rho = systems[n]["per_seed"][sc["seed"]]["ranking"]["rho_fixed"][k]
       ax.set_title(f"{n}, depth {depths[k]}: rho={rho:.2f}", fontsize=8)
       _no_minor_labels(ax)
       ax.tick_params(labelsize=7)
@@ -236,17 +301,14 @@ def plot_scatter(systems: dict[str, dict], first_units: dict[str, dict], out_dir
         ax.set_xlabel("E_i (forward error)", fontsize=8)
       if k == 0:
         ax.set_ylabel("C_i (round trip)", fontsize=8)
-  fig.tight_layout()
-  path = os.path.join(out_dir, "scatter.png")
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  return _save(fig, plt, out_dir, "scatter.png")
 
 
-def plot_risk_coverage(systems: dict[str, dict], out_dir: str) -> str:
+def plot_risk_coverage(report: dict, out_dir: str) -> str:
   """Selective risk / full risk vs coverage (seed means) at the first and last depth and pooled."""
   plt = _plt()
-  names = [n for n in SYSTEM_ORDER if n in systems]
+  systems = report["data"]["systems"]
+  names = _names(report)
   fig, axes = plt.subplots(len(names), 3, figsize=(9, 2.6 * len(names)), squeeze=False)
   for r, n in enumerate(names):
     depths = systems[n]["depths"]
@@ -257,7 +319,7 @@ def plot_risk_coverage(systems: dict[str, dict], out_dir: str) -> str:
       ax = axes[r][k]
       for name in curves[0][tag]:
         ax.plot(cov, np.mean([c[tag][name] for c in curves], axis=0), label=name)
-      ax.axvline(0.8, color="k", lw=0.6, ls=":")
+      ax.axvline(report["config"]["coverage"], color="k", lw=0.6, ls=":")
       ax.set_title(f"{n}: {title}", fontsize=8)
       ax.set_ylim(bottom=0)
       ax.tick_params(labelsize=7)
@@ -267,32 +329,26 @@ def plot_risk_coverage(systems: dict[str, dict], out_dir: str) -> str:
       if k == 0:
         ax.set_ylabel("kept mean error / all", fontsize=8)
       ax.legend(fontsize=6)
-  fig.tight_layout()
-  path = os.path.join(out_dir, "risk_coverage.png")
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  return _save(fig, plt, out_dir, "risk_coverage.png")
 
 
-def plot_calibration(systems: dict[str, dict], first_units: dict[str, dict], out_dir: str) -> str:
-  """Predicted (median, 68% and 95% bands) vs observed test errors, first seed, by depth."""
+def plot_calibration(report: dict, out_dir: str) -> str:
+  """Predicted (median, 68% and 95% bands) vs observed test errors, seed 0, by depth."""
   plt = _plt()
-  names = [n for n in SYSTEM_ORDER if n in systems]
+  systems = report["data"]["systems"]
+  names = _names(report)
   fig, axes = plt.subplots(1, len(names), figsize=(3.4 * len(names), 3.2), squeeze=False)
   for ax, n in zip(axes[0], names):
-    a, depths = first_units[n]["bidir"], systems[n]["depths"]
-    cal = A.fit_calibrators(a, depths)[A.MAIN_CALIBRATOR]
+    sc, depths = systems[n]["scatter"], systems[n]["depths"]
     for k, d in enumerate(depths):
-      c = A._floor(a["test_C"][:, k])
-      pred = cal.predict(c, np.full(c.shape, float(d)))
-      ax.loglog(pred, A._floor(a["test_E"][:, k]), ".", ms=3, alpha=0.6, label=f"d={d}")
+      ax.loglog(sc["pred"][k], sc["E"][k], ".", ms=3, alpha=0.6, label=f"d={d}")
     lim = np.asarray(ax.get_xlim())
-    f68, f95 = np.exp(cal.sigma), np.exp(1.959964 * cal.sigma)
+    f68, f95 = np.exp(sc["sigma"]), np.exp(1.959964 * sc["sigma"])
     ax.plot(lim, lim, "k-", lw=0.8)
     for f, style in ((f68, "--"), (f95, ":")):
       ax.plot(lim, lim * f, "k" + style, lw=0.7)
       ax.plot(lim, lim / f, "k" + style, lw=0.7)
-    cov = systems[n]["per_seed"][0]["calibration"][A.MAIN_CALIBRATOR]
+    cov = systems[n]["per_seed"][sc["seed"]]["calibration"]["c_logdepth"]
     ax.set_title(f"{n}: x{f68:.2f} / x{f95:.2f}, cov {cov['cov68']:.2f} / {cov['cov95']:.2f}",
                  fontsize=8)
     _no_minor_labels(ax)
@@ -300,45 +356,37 @@ def plot_calibration(systems: dict[str, dict], first_units: dict[str, dict], out
     ax.set_ylabel("observed E_i", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=6)
-  fig.tight_layout()
-  path = os.path.join(out_dir, "calibration.png")
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  return _save(fig, plt, out_dir, "calibration.png")
 
 
-def plot_directions(systems: dict[str, dict], out_dir: str) -> str:
-  """Forward and backward (inverse) rollout error vs depth, bidirectional vs specialists."""
+def plot_directions(report: dict, out_dir: str) -> str:
+  """Forward and backward (inverse) rollout error vs depth, bidirectional vs specialists, with
+  t intervals over seeds."""
   plt = _plt()
-  names = [n for n in SYSTEM_ORDER if n in systems]
+  names = _names(report)
   fig, axes = plt.subplots(1, len(names), figsize=(3.4 * len(names), 3.0), squeeze=False)
   for ax, n in zip(axes[0], names):
-    sp = systems[n]["summary"]["specialists"]
-    for key, label, style in (("bidir_fwd", "forward, bidirectional", "C0-"),
-                              ("forward_fwd", "forward, specialist", "C0--"),
-                              ("bidir_bwd", "backward (inverse), bidirectional", "C1-"),
-                              ("backward_bwd", "backward, specialist", "C1--")):
+    sp = report["summary"]["systems"][n]["specialists"]
+    for key, label, color, style in (("bidir_fwd", "forward, bidirectional", "C0", "-"),
+                                     ("forward_fwd", "forward, specialist", "C0", "--"),
+                                     ("bidir_bwd", "backward (inverse), bidirectional", "C1", "-"),
+                                     ("backward_bwd", "backward, specialist", "C1", "--")):
       if key in sp:
-        ax.semilogy(np.arange(1, len(sp[key]) + 1), [c["mean"] for c in sp[key]], style,
-                    label=label)
+        harness.errorbars(ax, np.arange(1, len(sp[key]) + 1), sp[key], color=color, ls=style,
+                          marker=None, capsize=2, label=label)
+    ax.set_yscale("log")
     ax.set_title(n, fontsize=9)
     ax.set_xlabel("depth", fontsize=8)
     ax.set_ylabel("relative L2 error", fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
-  fig.tight_layout()
-  path = os.path.join(out_dir, "directions.png")
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  return _save(fig, plt, out_dir, "directions.png")
 
 
-def plots(systems: dict[str, dict], first_units: dict[str, dict], out_dir: str) -> list[str]:
-  return [plot_scatter(systems, first_units, out_dir), plot_risk_coverage(systems, out_dir),
-          plot_calibration(systems, first_units, out_dir), plot_directions(systems, out_dir)]
-
-
-def jsonable(x: Any) -> Any:
-  from experiments.averaging import _jsonable
-
-  return _jsonable(x)
+def plots(report: dict, out_dir: str) -> list[str]:
+  """Every plot whose data ``report`` holds (a results.json without seed 0's scatter, written
+  before it was kept, leaves the scatter and calibration plots as they are)."""
+  out = [plot_risk_coverage(report, out_dir), plot_directions(report, out_dir)]
+  if all("scatter" in s for s in report["data"]["systems"].values()):
+    out += [plot_scatter(report, out_dir), plot_calibration(report, out_dir)]
+  return out

@@ -5,10 +5,9 @@ B = N * P rollouts (trajectory-major: rollout ``n * P + p`` starts trajectory n 
 K depths, D = max depth, M stochastic samples.
 
 A unit stores raw per-rollout arrays only (errors, discrepancies, dispersions); every statistic is
-computed later from them (``analysis.py``), so changing the analysis never retrains a model. Each
-finished unit is one ``.npz`` (arrays) plus one ``.json`` (history, timing, fingerprint) in the
-cache directory, written atomically; a unit whose fingerprint matches its plan is loaded instead
-of recomputed.
+computed later from them (``analysis.py``), so changing the analysis never retrains a model. The
+experiment's ``harness.Unit`` caches a finished unit (arrays as ``.npz``, the rest as ``.json``)
+under the digest of its plain-data spec (``SystemPlan.unit_spec``).
 
 Arrays of the bidirectional unit (``kind="bidir"``):
   test_E, test_C, test_C_latent    [B, K]  forward error E_i (decoded, relative L2 pooled over
@@ -32,8 +31,6 @@ Specialists store ``test_fwd_err`` or ``test_bwd_err``; the undertrained model `
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from typing import Any
 
@@ -170,57 +167,26 @@ def finite(x) -> np.ndarray:
 
 
 def run_unit(kind: str, plan: cfg_lib.SystemPlan, data: dict[str, np.ndarray], seed: int
-             ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+             ) -> dict[str, Any]:
   """Train one model of ``kind`` with ``seed`` (init and training noise) and evaluate it.
 
-  Returns (arrays, meta); meta holds the loss history, parameter count and timings.
+  Returns the per-rollout arrays (see the module docstring) and, beside them, JSON metadata:
+  the loss history, parameter count, timings, diverged entries and the window counts.
   """
   spatial_dims = data["train"].ndim - 3
   key = jax.random.key(seed)
   t0 = time.perf_counter()
   graphdef, params, stats, hist = tr.train(plan.train_config(kind), data["train"], key)
   t1 = time.perf_counter()
-  arrays = evaluate(kind, plan, (graphdef, params, stats), unit_data(plan, data),
-                    jax.random.fold_in(key, 1), spatial_dims)
+  wins = unit_data(plan, data)
+  arrays = evaluate(kind, plan, (graphdef, params, stats), wins, jax.random.fold_in(key, 1),
+                    spatial_dims)
   t2 = time.perf_counter()
   diverged = {k: int(np.sum(v >= DIVERGED)) for k, v in arrays.items() if np.any(v >= DIVERGED)}
-  meta = {"kind": kind, "system": plan.name, "seed": seed, "fingerprint": plan.fingerprint(kind),
-          "diverged": diverged,
-          "num_params": int(hist["num_params"]), "loss_step": np.asarray(hist["step"]).tolist(),
-          "loss": np.asarray(hist["loss"]).tolist(),
-          "ae_loss": np.asarray(hist["ae_loss"]).tolist(),
-          "seconds": {"train": t1 - t0, "ae": float(hist["ae_seconds"]),
-                      "evaluate": t2 - t1}}
-  return arrays, meta
-
-
-def cache_paths(cache_dir: str, plan: cfg_lib.SystemPlan, kind: str, seed: int) -> tuple[str, str]:
-  stem = os.path.join(cache_dir, f"{plan.name}_{kind}_s{seed}")
-  return stem + ".npz", stem + ".json"
-
-
-def load_cached(cache_dir: str, plan: cfg_lib.SystemPlan, kind: str, seed: int
-                ) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
-  """A finished unit from the cache, or None (missing or made with another plan)."""
-  npz, js = cache_paths(cache_dir, plan, kind, seed)
-  if not (os.path.exists(npz) and os.path.exists(js)):
-    return None
-  with open(js) as f:
-    meta = json.load(f)
-  if meta.get("fingerprint") != plan.fingerprint(kind):
-    return None
-  with np.load(npz) as z:
-    return {k: z[k] for k in z.files}, meta
-
-
-def save_cached(cache_dir: str, plan: cfg_lib.SystemPlan, kind: str, seed: int,
-                arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
-  """Write a unit atomically (arrays first, then the metadata that marks it finished)."""
-  os.makedirs(cache_dir, exist_ok=True)
-  npz, js = cache_paths(cache_dir, plan, kind, seed)
-  tmp = npz + ".tmp.npz"
-  np.savez_compressed(tmp, **arrays)
-  os.replace(tmp, npz)
-  with open(js + ".tmp", "w") as f:
-    json.dump(meta, f)
-  os.replace(js + ".tmp", js)
+  return dict(arrays, kind=kind, system=plan.name, seed=seed, diverged=diverged,
+              num_params=int(hist["num_params"]), loss_step=np.asarray(hist["step"]).tolist(),
+              loss=np.asarray(hist["loss"]).tolist(), ae_loss=np.asarray(hist["ae_loss"]).tolist(),
+              timing={"train": t1 - t0, "ae": float(hist["ae_seconds"]), "evaluate": t2 - t1},
+              windows={"starts": len(wins["starts"]),
+                       "test_traj": len(_take(data["test"], plan.num_test_traj)),
+                       **{split: int(wins[split].shape[0]) for split in ("test", "train", "ood")}})

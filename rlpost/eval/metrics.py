@@ -1,4 +1,5 @@
-"""Evaluation metrics: unbiased pass@k, maj@k, per-difficulty summaries, seed statistics.
+"""Evaluation metrics: unbiased pass@k, maj@k, per-difficulty summaries (seed statistics live in
+``rlpost.eval.stats``).
 
 pass@k (Chen et al. 2021): for a problem with n samples of which c are correct,
 pass@k = 1 - C(n - c, k) / C(n, k) = 1 - prod_{j = n-c+1}^{n} (1 - k / j), and 1 when n - c < k.
@@ -91,25 +92,3 @@ def summarize_passk(correct: np.ndarray, difficulty: np.ndarray, ks: Sequence[in
       out[f"pass@{k}/d{int(d)}"] = float(pass_at_k(n, c[sel], k).mean())
     out[f"all_wrong/d{int(d)}"] = float((c[sel] == 0).mean())
   return out
-
-
-def mean_ci(values: Sequence[float], *, confidence: float = 0.95, n_boot: int = 10000,
-            seed: int = 0) -> tuple[float, float, float]:
-  """Mean over seeds with a bootstrap percentile confidence interval: (mean, low, high)."""
-  x = np.asarray(values, np.float64)
-  if x.size == 0:
-    raise ValueError("mean_ci needs at least one value")
-  if x.size == 1:
-    return float(x[0]), float("nan"), float("nan")
-  rng = np.random.default_rng(seed)
-  means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)
-  a = (1 - confidence) / 2
-  return float(x.mean()), float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
-
-
-def paired_difference_ci(a: Sequence[float], b: Sequence[float], **kw) -> tuple[float, float, float]:
-  """Mean of a - b over paired seeds with a bootstrap confidence interval."""
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  if a.shape != b.shape:
-    raise ValueError(f"paired values need equal shapes, got {a.shape} and {b.shape}")
-  return mean_ci(a - b, **kw)

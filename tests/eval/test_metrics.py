@@ -158,30 +158,3 @@ def test_summarize_passk_by_hand():
       k: v for k, v in got.items() if k.startswith(("pass@2", "accuracy", "all_wrong"))}
   with pytest.raises(ValueError, match="one entry per problem"):
     metrics.summarize_passk(correct, difficulty[:3], [1])
-
-
-def test_mean_ci_against_listed_bootstrap_distributions():
-  # Resampling [0, 1] gives means 0, 1/2, 1 with probabilities 1/4, 1/2, 1/4.
-  mean, low, high = metrics.mean_ci([0.0, 1.0])
-  assert (mean, low, high) == (0.5, 0.0, 1.0)
-  # Resampling [0, 0, 0, 1]: the mean is Binomial(4, 1/4) / 4, with cdf 0.316, 0.738, 0.949,
-  # 0.996, 1 at 0, 1/4, 1/2, 3/4, 1: the 95% interval is [0, 3/4] and the 50% one [0, 1/2].
-  assert metrics.mean_ci([0, 0, 0, 1]) == (0.25, 0.0, 0.75)
-  assert metrics.mean_ci([0, 0, 0, 1], confidence=0.5) == (0.25, 0.0, 0.5)
-  assert metrics.mean_ci([3.0, 3.0, 3.0]) == (3.0, 3.0, 3.0)
-  assert metrics.mean_ci([1.0, 2.0, 4.0], seed=5) == metrics.mean_ci([1.0, 2.0, 4.0], seed=5)
-  mean, low, high = metrics.mean_ci([2.5])
-  assert mean == 2.5 and np.isnan(low) and np.isnan(high)
-  with pytest.raises(ValueError, match="at least one value"):
-    metrics.mean_ci([])
-
-
-def test_paired_difference_ci_is_the_interval_of_the_differences():
-  a, b = [1.0, 2.0, 3.0, 10.0], [0.0, 2.0, 1.0, 9.0]
-  got = metrics.paired_difference_ci(a, b, seed=3)
-  assert got == metrics.mean_ci([1.0, 0.0, 2.0, 1.0], seed=3)
-  assert got[0] == 1.0 and 0.0 <= got[1] <= 1.0 <= got[2] <= 2.0
-  # Pairing matters: the unpaired spread of a and b is far wider than that of a - b.
-  assert metrics.mean_ci(a, seed=3)[2] - metrics.mean_ci(a, seed=3)[1] > got[2] - got[1]
-  with pytest.raises(ValueError, match="equal shapes"):
-    metrics.paired_difference_ci([1.0, 2.0], [1.0])

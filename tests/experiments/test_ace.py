@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from experiments import ace
+from experiments import ace, harness
 from scripts import reproduce
 
 
@@ -34,13 +34,13 @@ def test_reproduce_ace_quick(tmp_path):
   pass1 = next(c for c in s["claims"] if c["claim"]["id"] == "pass1_holds")
   assert pass1["claim"]["direction"] == "equivalent"
   assert pass1["claim"]["margin"] == ace.PASS1_MARGIN
-  for arm in res["arms"].values():
+  for arm in res["data"].values():
     assert arm["compilations"] == 1
-    assert len(arm["train"]["overconfident_errors"]) == res["sizes"]["steps"]
+    assert len(arm["train"]["overconfident_errors"]) == res["config"]["steps"]
   assert "## Paper claims" in (out / "table.md").read_text()
   table = (out / "table.md").read_text()
   before = json.loads((out / "results.json").read_text())
-  ace.rejudge(str(out))
+  harness.rejudge(ace.EXPERIMENT, str(out))
   after = json.loads((out / "results.json").read_text())
   assert after == before and (out / "table.md").read_text() == table
 

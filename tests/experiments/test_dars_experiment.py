@@ -33,5 +33,5 @@ def test_reproduce_dars_quick(tmp_path):
   s = res["summary"]
   assert set(s["verdicts"].values()) <= {"reproduced", "not reproduced", "inconclusive"}
   assert set(s["rescued"]) == {"dars-et", "dars-hw", "dars-b"}
-  assert sum(res["curve"]["groups"]) == res["sizes"]["curve_prompts"]
-  assert all(arm["compilations"] == 1 for arm in res["arms"].values())
+  assert sum(res["data"]["curve"]["groups"]) == res["config"]["curve_prompts"]
+  assert all(arm["compilations"] == 1 for arm in res["data"]["arms"].values())

@@ -1,5 +1,7 @@
 """Claims as data judged by rlpost.eval.stats: directions, margins, equivalence, Holm."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -106,3 +108,117 @@ def test_proportions_by_hand():
     harness.judge_proportions(claim(), {"a": (1.2, 10), "b": (0.1, 100)})
   with pytest.raises(KeyError, match="no rate for"):
     harness.judge_proportions(claim(arms=("a", "x")), rates)
+
+
+# ------------------------------------------------------------------ the run skeleton
+def _toy(calls: list):
+  """An experiment of two arms x seeds whose units record that they ran."""
+
+  def get_config(quick):
+    return {"seeds": 2 if quick else 5, "shift": 1.0}
+
+  def unit(arm, seeds, shift):
+    def run(progress):
+      calls.append(arm)
+      rng = np.random.default_rng(len(arm))
+      progress(1)
+      return {"values": (rng.normal(size=seeds) + (shift if arm == "b" else 0.0)).tolist(),
+              "curve": np.arange(3.0) * (arm == "b")}
+    return harness.Unit({"arm": arm, "seeds": seeds, "shift": shift}, run)
+
+  def units(config):
+    return {arm: unit(arm, config["seeds"], config["shift"]) for arm in ("a", "b")}
+
+  def collect(config, results):
+    return {arm: {"values": r["values"], "curve_end": float(r["curve"][-1])}
+            for arm, r in results.items()}
+
+  claims = [harness.Claim("b_beats_a", "b beats a", "values", ("b", "a"), family="toy")]
+
+  def summarize(report):
+    values = {"values": {arm: d["values"] for arm, d in report["data"].items()}}
+    return {"claims": [v.to_json() for v in harness.judge_family(claims, values)]}
+
+  def render(report):
+    return "\n".join(["# Toy", "", "## Paper claims", "",
+                      *harness.verdict_rows(report["summary"]["claims"]), ""])
+
+  return harness.Experiment("toy", get_config, units, summarize, render, collect=collect)
+
+
+def _args(out, quick=True, seeds=None):
+  import argparse
+  return argparse.Namespace(quick=quick, seeds=seeds, out=str(out), no_progress=True)
+
+
+def test_run_caches_units_and_rejudges_without_running(tmp_path):
+  calls = []
+  exp = _toy(calls)
+  report = harness.run(exp, _args(tmp_path))
+  assert sorted(calls) == ["a", "b"] and report["units_run"] == ["a", "b"]
+  assert report["data"]["b"]["curve_end"] == 2.0  # the array went through the .npz cache
+  assert report["config"] == {"seeds": 2, "shift": 1.0}
+  assert report["command"] == "python scripts/reproduce.py toy --quick"
+  assert report["machine"]["cpus"] >= 1 and "jax" in report["machine"]["versions"]
+  assert len(report["data"]["a"]["values"]) == 2
+  cached = sorted(os.listdir(tmp_path / "cache"))
+  assert len([f for f in cached if f.endswith(".npz")]) == 2
+  # A rerun computes nothing; a changed seed count reruns only what changed.
+  again = harness.run(exp, _args(tmp_path))
+  assert sorted(calls) == ["a", "b"] and again["units_run"] == []
+  assert again["data"] == report["data"]
+  more = harness.run(exp, _args(tmp_path, seeds=3))
+  assert sorted(calls) == ["a", "a", "b", "b"] and len(more["data"]["a"]["values"]) == 3
+  # Re-judging reads results.json only and rewrites identical files.
+  written = {n: (tmp_path / n).read_text() for n in ("results.json", "table.md")}
+  harness.rejudge(exp, str(tmp_path))
+  assert {n: (tmp_path / n).read_text() for n in written} == written
+  assert len(calls) == 4
+  assert "| b beats a | b:" in written["table.md"]
+
+
+def test_rejudge_rejects_foreign_results(tmp_path):
+  (tmp_path / "results.json").write_text('{"arms": {}}')
+  with pytest.raises(ValueError, match="not written by experiments/harness.py"):
+    harness.rejudge(_toy([]), str(tmp_path))
+
+
+def test_failed_unit_leaves_no_cache_entry(tmp_path):
+  def boom(progress):
+    raise FloatingPointError("step 3: loss is nan")
+
+  exp = harness.Experiment("toy", lambda q: {"seeds": 1},
+                           lambda c: {"x": harness.Unit({"x": 1}, boom)},
+                           lambda r: {}, lambda r: "")
+  with pytest.raises(FloatingPointError, match="step 3"):
+    harness.run(exp, _args(tmp_path))
+  assert not os.path.exists(tmp_path / "cache") or os.listdir(tmp_path / "cache") == []
+  assert not os.path.exists(tmp_path / "results.json")
+
+
+def test_paired_and_one_sample_claims():
+  a, b = [1.0, 2.0, 3.0, 4.0], [0.9, 1.8, 2.95, 3.8]
+  (paired,) = harness.judge_family([claim(paired=True)], {"m": {"a": a, "b": b}})
+  d, lo, hi = stats.diff_interval(a, b, paired=True, method="t")
+  assert (paired.diff, paired.lo, paired.hi) == pytest.approx((d, lo, hi))
+  assert paired.p == pytest.approx(stats.t_test(a, b, paired=True, alternative="greater"))
+  assert paired.verdict == "reproduced"  # the seed-to-seed spread cancels in the differences
+  (unpaired,) = harness.judge_family([claim()], {"m": {"a": a, "b": b}})
+  assert unpaired.verdict == "inconclusive"
+  one = claim(arms=("a",), center=2.0)
+  (v,) = harness.judge_family([one], {"m": {"a": a}})
+  m, lo, hi = stats.mean_interval(np.asarray(a) - 2.0)
+  assert (v.diff, v.lo, v.hi) == pytest.approx((m, lo, hi)) and v.verdict == "inconclusive"
+  assert "a - 2" in harness.verdict_rows([v])[2]
+  with pytest.raises(ValueError, match="arms must be"):
+    claim(arms=("a", "b", "c"))
+
+
+def test_fmt_and_protocol_note():
+  assert harness.fmt(harness.cell([1.0])) == "1.000"
+  assert harness.fmt({"mean": 0.1, "lo": -0.1, "hi": 0.3, "signed": True}) == (
+      "+0.100 [-0.100, +0.300]")
+  (v,) = judge([claim()], HI, LO)
+  note = harness.protocol_note([v])
+  assert "Welch" in note and "4 seeds per arm" in note and f"{v.sd:.3g}" in note
+  assert "Holm-adjusted one-sided p" in harness.rules_note([v])

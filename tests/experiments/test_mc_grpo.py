@@ -74,9 +74,9 @@ def test_reproduce_mc_grpo_quick(tmp_path, monkeypatch):
   assert [c["claim"]["family"] for c in summary["claims"]] == ["mc_grpo"] * 4
   assert summary["claims"][0]["claim"]["direction"] == "equivalent"
   assert summary["rates"]["method"].startswith("two-proportion z-test")
-  assert all(arm["compilations"] == 1 for arm in res["arms"].values())
-  assert len(res["arms"]) == 3 * len(mc_grpo.sizes(True).group_sizes) + 1
-  flips = res["sign_flips"]["binary"]
+  assert all(arm["compilations"] == 1 for arm in res["data"]["arms"].values())
+  assert len(res["data"]["arms"]) == 3 * len(mc_grpo.sizes(True).group_sizes) + 1
+  flips = res["data"]["sign_flips"]["binary"]
   assert all(v["opposite"] == 0.0 for d in flips.values() for v in d.values())  # 0/1 rewards
   table = (out / "table.md").read_text()
   assert "## Paper claims" in table and "median closes" in table
@@ -90,7 +90,7 @@ def test_reproduce_mc_grpo_quick(tmp_path, monkeypatch):
   reproduce.main(["mc_grpo", "--quick", "--out", str(out), "--no-progress"])
   assert sorted(os.listdir(out / "cache")) == cached
   again = json.loads((out / "results.json").read_text())
-  assert again["arms"] == res["arms"]
+  assert again["data"]["arms"] == res["data"]["arms"]
   # Re-judging the written results (no training) reproduces them.
   written = {name: (out / name).read_text() for name in ("table.md", "results.json")}
   reproduce.main(["mc_grpo", "--rejudge", "--out", str(out), "--no-progress"])
