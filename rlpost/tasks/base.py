@@ -22,6 +22,7 @@ Shape legend: N records of a split, Tp prompt buffer, A answer buffer, B rows, T
 
 from __future__ import annotations
 
+import abc
 import importlib
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -45,7 +46,7 @@ class TaskArrays(NamedTuple):
   difficulty: jax.Array
 
 
-class Task:
+class Task(abc.ABC):
   """A verifiable task (see the module docstring). Subclasses set ``name`` and implement
   ``load`` and ``score``; the rest has defaults.
 
@@ -71,13 +72,13 @@ class Task:
   def validate(cls, cfg: Any) -> None:
     """Task-specific config checks, before any work; raise ValueError naming the key."""
 
+  @abc.abstractmethod
   def load(self, log: Callable[[str], None]) -> dict[str, list[dict]]:
     """{"train": records, "test": records}."""
-    raise NotImplementedError
 
+  @abc.abstractmethod
   def score(self, completion: str, finished: bool, record: dict) -> float:
     """The reward of a decoded completion (``finished``: a stop token was emitted)."""
-    raise NotImplementedError
 
   def final_answer(self, completion: str) -> str | None:
     """The answer a completion votes for in maj@k (None: no answer)."""
@@ -105,6 +106,10 @@ def register_task(task: type[Task]) -> type[Task]:
     raise ValueError(f"{task.__name__} has no name")
   if task.name in _REGISTRY and _REGISTRY[task.name] is not task:
     raise ValueError(f"task {task.name!r} is already registered")
+  missing = sorted(getattr(task, "__abstractmethods__", ()))
+  if missing:
+    raise ValueError(f"task {task.name!r} ({task.__name__}) does not implement "
+                     f"{', '.join(missing)}")
   _REGISTRY[task.name] = task
   return task
 

@@ -24,6 +24,17 @@ def test_registry_lists_builtins_and_refuses_unknown_or_duplicate_names():
   with pytest.raises(ValueError, match="Nameless has no name"):
     base.register_task(Nameless)
 
+  class Unscored(base.Task):
+    name = "unscored-test"
+
+    def load(self, log):
+      return {}
+
+  with pytest.raises(ValueError, match="'unscored-test' .Unscored. does not implement score"):
+    base.register_task(Unscored)
+  with pytest.raises(TypeError, match="abstract"):
+    Unscored(cfg=None)
+
 
 def test_pad_left_right_and_errors():
   toks, mask = pad([[5, 6], [7]], pad_id=9, side="left")
@@ -45,6 +56,9 @@ def test_host_scorer_decodes_and_passes_finished_and_the_record():
 
   class Echo(base.Task):
     name = "echo-test"
+
+    def load(self, log):
+      return {}
 
     def score(self, completion, finished, record):
       seen.append((completion, finished, record["answer"]))
