@@ -79,7 +79,7 @@ def main(argv=None) -> dict:
   if args.distributed or os.environ.get("RLPOST_COORDINATOR"):
     sharding.initialize_distributed()
   values = load_config_file(args.config)
-  values.update(config_lib.parse_overrides(args.overrides))
+  values.update(config_lib.parse_overrides(args.overrides, rl.RLConfig))
   cfg = config_lib.from_dict(rl.RLConfig, values)
   file, name = split_config_name(args.config)
   stem = os.path.splitext(os.path.basename(file))[0] + (f"-{name}" if name else "")

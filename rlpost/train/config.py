@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import re
 import typing
 from typing import Any, Sequence, TypeVar
 
@@ -102,14 +103,37 @@ def from_dict(cls: type[T], values: dict, *, where: str = "config") -> T:
   return cfg
 
 
-def parse_overrides(items: Sequence[str]) -> dict:
-  """``["lr=1e-4", "recipe=dapo"]`` -> {"lr": "1e-4", "recipe": "dapo"} (typed by from_dict)."""
+def _unescape(text: str) -> str:
+  r"""``\n``, ``\t`` and ``\\`` as a shell passes them (two characters) -> the characters."""
+  return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
+
+
+def parse_overrides(items: Sequence[str], cls: type | None = None) -> dict:
+  r"""``["lr=1e-4", "recipe=dapo"]`` -> {"lr": "1e-4", "recipe": "dapo"} (typed by from_dict).
+
+  With ``cls`` (the config dataclass), a string-typed key's value may be ``@path`` (the file's
+  text, one trailing newline dropped: for templates), and ``\n``, ``\t`` and ``\\`` typed on
+  a command line become a newline, a tab and a backslash.
+  """
+  hints = typing.get_type_hints(cls) if cls is not None else {}
   out = {}
   for item in items:
     if "=" not in item:
       raise ValueError(f"override {item!r} is not of the form key=value")
     k, v = item.split("=", 1)
-    out[k.strip()] = v.strip()
+    k, v = k.strip(), v.strip()
+    hint = hints.get(k)
+    if hint is str or (hint is not None and str in typing.get_args(hint)):
+      if v.startswith("@"):
+        try:
+          with open(v[1:]) as f:
+            v = f.read()
+        except OSError as e:
+          raise ValueError(f"override {k}: cannot read {v[1:]!r}: {e.strerror}") from None
+        v = v[:-1] if v.endswith("\n") else v
+      else:
+        v = _unescape(v)
+    out[k] = v
   return out
 
 

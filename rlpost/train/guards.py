@@ -10,7 +10,9 @@ in the step metrics the trainer already returns:
 * ``logp_mismatch`` large: the sampler's log-probs and the trainer's recomputation of them for
   the same parameters disagree (a cache or masking bug, or numerics), so importance ratios and
   KL terms are wrong;
-* ``loss`` exactly 0: nothing reaches the optimizer.
+* ``grad_norm`` exactly 0: nothing reaches the optimizer. (Not the loss value: a policy-gradient
+  surrogate is 0 by value at ratio 1, e.g. GRPO's with zero-mean advantages, while its gradient
+  is not.)
 
 ``Guards.check(step, metrics)`` returns the alarms raised at that step (each names the metric,
 its value, the step and what it means), once per episode: an alarm re-arms when its condition
@@ -59,7 +61,7 @@ class Guards:
 
   Args:
     patience: steps a condition must hold before ``zero_variance_groups``, ``truncated`` and
-      ``loss`` alarms fire.
+      ``grad_norm`` alarms fire.
     truncated: fraction of truncated completions above which a step counts as bad.
     logp_mismatch: mean absolute per-token log-prob difference between sampler and trainer above
       which a step is bad; it fires at once (patience 1): it is a correctness problem.
@@ -76,8 +78,8 @@ class Guards:
         _Rule("logp_mismatch", lambda v: v > logp_mismatch, 1,
               f"sampler and trainer log-probs differ by more than {logp_mismatch} per token "
               f"for the same parameters"),
-        _Rule("loss", lambda v: v == 0.0, patience,
-              "the loss is exactly zero: no gradient reaches the optimizer"),
+        _Rule("grad_norm", lambda v: v == 0.0, patience,
+              "the gradient is exactly zero: nothing reaches the optimizer"),
     ]
     self.runs = {r.metric: 0 for r in self.rules}
 

@@ -23,7 +23,6 @@ import dataclasses
 import json
 import os
 import time
-import warnings
 
 import jax
 import numpy as np
@@ -229,9 +228,12 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
       if step % cfg.eval_every == 0 or step == cfg.steps:
         write_tb(step, "eval", do_eval(step))
       alarms = guard.check(step, metrics) if guard else []
-      for alarm in alarms:
+      for alarm in alarms:  # once, on its own line above the progress bar
+        if progress:
+          bar.clear()
         log(f"WARNING: {alarm}")
-        warnings.warn(str(alarm), RuntimeWarning, stacklevel=2)
+        if progress:
+          bar.refresh()
         _append(metrics_path, {"step": step, "guard/metric": alarm.metric,
                                "guard/message": str(alarm)})
       stop = bool(alarms) and cfg.guard_action == "stop"

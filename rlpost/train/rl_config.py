@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 
 import jax
 import optax
@@ -190,6 +191,10 @@ class RLConfig:
     need(0 <= self.guard_truncated <= 1, "guard_truncated", "must be in [0, 1]")
     need(self.guard_logp_mismatch > 0, "guard_logp_mismatch", "must be > 0")
     need(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0")
+    if "\\n" in self.prompt_template:
+      warnings.warn("prompt_template contains a literal backslash-n (two characters), so every "
+                    "prompt will too; for a newline pass a real one, '\\n' on the command line "
+                    "of scripts/train.py, or prompt_template=@FILE", UserWarning, stacklevel=3)
     need(self.param_sharding in ("replicate", "fsdp"), "param_sharding",
          "must be 'replicate' or 'fsdp'")
     n_dev = len(jax.devices())

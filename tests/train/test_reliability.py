@@ -4,11 +4,13 @@ determinism, bad input and a two-process run on JAX's distributed runtime."""
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -265,11 +267,11 @@ def test_sigkill_at_random_points_resumes_to_the_uninterrupted_result(dirs, tmp_
 # ----------------------------------------------------------------------------------- guards
 def test_guards_fire_once_per_episode_and_rearm():
   g = guards.Guards(patience=3, truncated=0.5, logp_mismatch=0.01)
-  seq = [dict(zero_variance_groups=1.0, truncated=0.9, loss=0.0, logp_mismatch=0.0)] * 4
-  seq += [dict(zero_variance_groups=0.5, truncated=0.1, loss=0.3, logp_mismatch=0.2)]
-  seq += [dict(zero_variance_groups=1.0, truncated=0.1, loss=0.3, logp_mismatch=0.0)] * 3
+  seq = [dict(zero_variance_groups=1.0, truncated=0.9, grad_norm=0.0, logp_mismatch=0.0)] * 4
+  seq += [dict(zero_variance_groups=0.5, truncated=0.1, grad_norm=0.3, logp_mismatch=0.2)]
+  seq += [dict(zero_variance_groups=1.0, truncated=0.1, grad_norm=0.3, logp_mismatch=0.0)] * 3
   fired = {step: [a.metric for a in g.check(step, m)] for step, m in enumerate(seq, 1)}
-  assert fired[3] == ["zero_variance_groups", "truncated", "loss"]
+  assert fired[3] == ["zero_variance_groups", "truncated", "grad_norm"]
   assert fired[4] == []  # once per episode
   assert fired[5] == ["logp_mismatch"]  # a correctness problem: fires at once
   assert fired[8] == ["zero_variance_groups"]  # re-armed after the condition cleared
@@ -277,18 +279,30 @@ def test_guards_fire_once_per_episode_and_rearm():
   assert str(alarm).startswith("step 12: truncated = 0.75") and "length limit" in str(alarm)
   with pytest.raises(ValueError, match="patience"):
     guards.Guards(patience=0)
+  # A zero loss with a live gradient (GRPO's surrogate at ratio 1) raises nothing.
+  quiet = guards.Guards(patience=1)
+  assert quiet.check(1, {"loss": 0.0, "grad_norm": 0.89}) == []
+  assert [a.metric for a in quiet.check(2, {"loss": 0.0, "grad_norm": 0.0})] == ["grad_norm"]
 
 
-def test_guards_in_a_run_warn_or_stop_naming_metric_and_step(dirs, tmp_path):
+def test_guards_in_a_run_warn_once_or_stop_naming_metric_and_step(dirs, tmp_path):
   # One new token: every completion is truncated and every reward identical.
   kw = dict(max_new_tokens=1, guard_patience=2, steps=6, checkpoint_every=5)
-  with pytest.warns(RuntimeWarning, match=r"step 2: truncated = [0-9.]+ for 2 consecutive steps"):
-    loop.run(tiny(dirs, **kw), str(tmp_path / "warn"), progress=False)
+  lines = []
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", RuntimeWarning)  # alarms are log lines, not warnings
+    loop.run(rl.make_train(tiny_cfg(dirs, **kw), log=lines.append), str(tmp_path / "warn"),
+             progress=True)
+  alarms = [x for x in lines if x.startswith("WARNING: ")]
+  assert any(re.fullmatch(r"WARNING: step 2: truncated = [0-9.]+ for 2 consecutive steps: .*", x)
+             for x in alarms), alarms
+  assert len(alarms) == len(set(alarms))  # each alarm printed once
   rows = loop.read_metrics(str(tmp_path / "warn" / "metrics.jsonl"))
+  recorded = [r["guard/message"] for r in rows if "guard/metric" in r]
   assert {r["guard/metric"] for r in rows if "guard/metric" in r} >= {"truncated",
                                                                        "zero_variance_groups"}
-  with pytest.warns(RuntimeWarning), pytest.raises(guards.TrainingStalled,
-                                                   match=r"step 2: .*checkpoint saved at step 2"):
+  assert [f"WARNING: {m}" for m in recorded] == alarms
+  with pytest.raises(guards.TrainingStalled, match=r"step 2: .*checkpoint saved at step 2"):
     loop.run(tiny(dirs, guard_action="stop", **kw), str(tmp_path / "stop"), progress=False)
   assert "2" in os.listdir(tmp_path / "stop" / "checkpoints")
 

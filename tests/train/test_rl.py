@@ -292,6 +292,7 @@ def test_config_errors(dirs):
   assert cfg.lr == 3e-4 and cfg.recipe_args == {"alpha": 0.1} and cfg.graded_reward is True
   with pytest.raises(ValueError, match="not of the form key=value"):
     config_lib.parse_overrides(["lr"])
+
   with pytest.raises(ValueError, match="'grad_accum': must split the mini-batch of 128"):
     config_lib.from_dict(rl.RLConfig, {"grad_accum": 3})
   with pytest.raises(ValueError, match="'rollout_chunk': must divide every sampling call"):
@@ -310,6 +311,21 @@ def test_config_errors(dirs):
   for values, msg in bad:
     with pytest.raises(ValueError, match=msg):
       config_lib.from_dict(rl.RLConfig, values)
+
+
+def test_command_line_templates_get_real_newlines(tmp_path):
+  typed = r"prompt_template=Question: {question}\nAnswer: a\\b"  # as a shell passes it
+  got = config_lib.parse_overrides([typed, r'recipe_args={"sep": "\n"}'], rl.RLConfig)
+  assert got["prompt_template"] == "Question: {question}\nAnswer: a\\b"
+  assert got["recipe_args"] == r'{"sep": "\n"}'  # not a string key: left to the JSON parser
+  template = tmp_path / "template.txt"
+  template.write_text("Q: {question}\n\nA:\n")
+  got = config_lib.parse_overrides([f"prompt_template=@{template}"], rl.RLConfig)
+  assert got["prompt_template"] == "Q: {question}\n\nA:"
+  with pytest.raises(ValueError, match="override prompt_template: cannot read '/nonexistent'"):
+    config_lib.parse_overrides(["prompt_template=@/nonexistent"], rl.RLConfig)
+  with pytest.warns(UserWarning, match="prompt_template contains a literal backslash-n"):
+    config_lib.from_dict(rl.RLConfig, {"prompt_template": r"Q: {question}\nA:"})
 
 
 def test_bad_input_fails_before_any_work(dirs, tmp_path):
