@@ -52,7 +52,7 @@ def main(argv=None):
   from experiments import docsync, harness
 
   module = importlib.import_module(EXPERIMENTS[args.experiment])
-  exp = getattr(module, "EXPERIMENT", None)
+  exp = module.EXPERIMENT
   if args.sync_docs:
     for path, changed in docsync.sync_all(exp).items():
       print(f"{os.path.relpath(path, ROOT)}: {'updated' if changed else 'up to date'}")
@@ -63,15 +63,11 @@ def main(argv=None):
   if args.out is None:
     args.out = os.path.join("results", args.experiment + ("_quick" if args.quick else ""))
   if os.path.exists(args.out) and not os.path.isdir(args.out):
-    ap.error(f"--out {args.out} is a file; it must be a directory (or not exist)")
-  if exp is None:  # not yet on the harness
-    if args.rejudge:
-      ap.error(f"{args.experiment} cannot be re-judged yet (not on experiments/harness.py)")
-    return module.run(args)
+    raise NotADirectoryError(f"--out {args.out} is a file; it must be a directory (or not exist)")
   sync = default_out and not args.quick
   if args.rejudge:
     if not os.path.exists(os.path.join(args.out, "results.json")):
-      ap.error(f"--rejudge: no results.json in {args.out}")
+      raise FileNotFoundError(f"--rejudge: no results.json in {args.out}")
     return harness.rejudge(exp, args.out, sync_docs=sync)
   return harness.run(exp, args, sync_docs=sync)
 
