@@ -44,8 +44,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 from scipy.stats import norm as normal
-from tqdm.auto import tqdm
 
+from rlpost import progress as progress_lib
 from rlpost.eval import stats
 
 DIRECTIONS = ("greater", "less", "equivalent")
@@ -517,8 +517,8 @@ def run(exp: Experiment, args, *, sync_docs: bool = False) -> dict:
   cache = UnitCache(os.path.join(args.out, "cache"))
   t0 = time.perf_counter()
   results, seconds, ran = {}, {}, []
-  bar = tqdm(total=sum(u.weight for u in units.values()), desc=exp.name,
-             disable=args.no_progress, dynamic_ncols=True)
+  bar = progress_lib.bar(total=sum(u.weight for u in units.values()), desc=exp.name,
+                         disable=args.no_progress)
   for uid, unit in units.items():
     bar.set_postfix_str(uid)
     hit = cache.load(uid, unit.spec)

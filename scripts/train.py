@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)
 from rlpost import sharding  # noqa: E402
 from rlpost.cli import run_main  # noqa: E402
 from rlpost.train import config as config_lib  # noqa: E402
-from rlpost.train import loop, rl  # noqa: E402
+from rlpost.train import loop, rl, rl_config  # noqa: E402
 
 
 def split_config_name(path: str) -> tuple[str, str | None]:
@@ -69,7 +69,10 @@ def load_config_file(path: str) -> dict:
 
 
 def main(argv=None) -> dict:
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+      epilog="config keys (key=value; rlpost/train/rl_config.py):\n"
+             + config_lib.describe(rl.RLConfig, rl_config.HELP))
   ap.add_argument("config")
   ap.add_argument("overrides", nargs="*", help="key=value")
   ap.add_argument("--no-progress", action="store_true")
@@ -87,7 +90,7 @@ def main(argv=None) -> dict:
   # Everything that can be checked is checked before the data, the model and the warm start.
   loop.check_run_dir(run_dir, cfg)
   t0 = time.perf_counter()
-  trainer = rl.make_train(cfg)
+  trainer = rl.make_train(cfg, progress=not args.no_progress)
   out = loop.run(trainer, run_dir, progress=not args.no_progress)
   evals = out["evals"]
   if evals:

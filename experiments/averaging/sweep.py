@@ -20,10 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from tqdm.auto import tqdm
 
 from experiments.averaging import lm
 from rlpost import averaging as A
+from rlpost import progress as progress_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +153,7 @@ def run_sweep(cfg: SweepConfig, *, progress: bool = True, log=print, on_block=No
   carry = jax.jit(jax.vmap(init))(seeds)
   n_blocks = cfg.steps // cfg.eval_every
   evals, train_loss, snapshots = [], [], []
-  bar = tqdm(range(n_blocks), desc="averaging sweep", disable=not progress, dynamic_ncols=True)
+  bar = progress_lib.bar(range(n_blocks), desc="averaging sweep", disable=not progress)
   t_compile = None
   for b in bar:
     carry, (ev, tl, snaps) = block(carry, lr, cosine)
@@ -206,7 +206,7 @@ def _posthoc(cfg, snapshots, steps, train_loss, evaluate_many, progress) -> dict
   out = {}
   # EDM2: reconstruct each width at every eval step from the two tracked profiles' snapshots.
   ph = np.zeros((n_runs, len(steps), len(cfg.posthoc_sigma_rels)))
-  for j, t in enumerate(tqdm(steps, desc="post-hoc EMA", disable=not progress, dynamic_ncols=True)):
+  for j, t in enumerate(progress_lib.bar(steps, desc="post-hoc EMA", disable=not progress)):
     items = [(s, n) for s in steps if s <= t for n in gammas]
     for i, sr in enumerate(cfg.posthoc_sigma_rels):
       plan = A.plan_posthoc_ema(items, gammas, sr, target_step=t)

@@ -22,7 +22,7 @@ from rlpost.averaging.checkpoints import (CheckpointSource, list_steps, metrics_
 from rlpost.averaging.posthoc import (Plan, average, greedy_soup, into_train_state,
                                       lawa_trajectory, plan_ema, plan_lawa, plan_mwa,
                                       plan_posthoc_ema, plan_swa, plan_uniform)
-from rlpost.averaging.spec import Tracker, parse_spec, parse_specs, spec_name
+from rlpost.averaging.spec import Tracker, parse_spec, parse_specs, plan_from_spec, spec_name
 from rlpost.averaging.streaming import SlidingWindowMean, StreamingMean, accumulate_hlo
 from rlpost.averaging.transforms import (AveragingTransform, EmaState, LawaState, PowerEmaState,
                                          SwaState, ema, ema_lag_matched_decay, lawa, named,

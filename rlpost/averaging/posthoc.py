@@ -28,8 +28,8 @@ import dataclasses
 from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from rlpost import progress as progress_lib
 from rlpost.averaging import weights as W
 from rlpost.averaging.streaming import SlidingWindowMean, StreamingMean
 
@@ -154,7 +154,7 @@ def average(load: Callable[[Hashable], Params], plan: Plan, *, check_finite: boo
   pairs = [(i, w) for i, w in zip(plan.items, plan.weights) if not (skip_zero and w == 0.0)]
   if not pairs:
     raise ValueError(f"{plan.method}: every weight is zero; nothing to average")
-  bar = tqdm(pairs, desc=plan.method, disable=not progress, unit="ckpt", dynamic_ncols=True)
+  bar = progress_lib.bar(pairs, desc=plan.method, disable=not progress, unit="ckpt")
   for item, w in bar:
     params = load(item)
     if acc is None:
@@ -173,7 +173,7 @@ def greedy_soup(load: Callable[[Hashable], Params], items: Sequence[Hashable],
   if not items:
     raise ValueError("greedy soup: the checkpoint selection is empty; nothing to average")
   solo = []
-  for item in tqdm(items, desc="soup: rank", disable=not progress, dynamic_ncols=True):
+  for item in progress_lib.bar(items, desc="soup: rank", disable=not progress):
     solo.append(float(score(load(item))))
   order = [items[i] for i in np.argsort(-np.asarray(solo), kind="stable")]
   first = load(order[0])
@@ -181,7 +181,7 @@ def greedy_soup(load: Callable[[Hashable], Params], items: Sequence[Hashable],
   acc.add(first, 1.0, step=_item_str(order[0]))
   best = max(solo)
   kept, history = [order[0]], [{"item": _item_json(order[0]), "score": best, "kept": True}]
-  for item in tqdm(order[1:], desc="soup: add", disable=not progress, dynamic_ncols=True):
+  for item in progress_lib.bar(order[1:], desc="soup: add", disable=not progress):
     params = load(item)
     acc.add(params, 1.0, step=_item_str(item))
     s = float(score(acc.result()))

@@ -7,6 +7,13 @@ Grammar: ``name[:key=value[,key=value...]]``, several joined by ``;``. Values ar
 float, bool (true/false) or None; ``as=NAME`` sets the result's name in ``parse_specs`` (default:
 the spec with punctuation replaced). Unknown methods or keys raise a ValueError listing the
 accepted ones.
+
+The same spec names a post-hoc average of a run's checkpoints (``plan_from_spec``), each saved
+checkpoint standing for one snapshot:
+
+    plan_from_spec("lawa:k=5,every=50", steps)  -> posthoc.plan_lawa(steps, 5, every=50)
+    plan_from_spec("swa:start=100", steps)      -> posthoc.plan_swa(steps, start=100)
+    plan_from_spec("ema:decay=0.9", steps)      -> posthoc.plan_ema(steps, 0.9) (per checkpoint)
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from __future__ import annotations
 import inspect
 import re
 
+from rlpost.averaging import posthoc
+from rlpost.averaging import weights as W
 from rlpost.averaging import transforms as T
 
 METHODS = {"lawa": T.lawa, "ema": T.ema, "swa": T.swa, "power_ema": T.power_ema}
@@ -66,6 +75,37 @@ def parse_spec(spec: str) -> T.AveragingTransform:
     return METHODS[name](**kwargs)
   except TypeError as e:
     raise ValueError(f"averaging spec {spec!r}: {e}") from None
+
+
+def plan_from_spec(spec: str, steps) -> posthoc.Plan:
+  """The post-hoc ``Plan`` over checkpoint ``steps`` (ints) that one spec names.
+
+  Each checkpoint is one snapshot: ``lawa`` averages the ``k`` latest checkpoints (at spacing
+  ``every`` steps, all of which must exist), ``swa`` every checkpoint from ``start`` (at spacing
+  ``every``), ``ema`` weights the checkpoints from the first one taken (spacing ``every``) by
+  decay ** (checkpoints younger), bias-corrected. ``recompute_every`` (lawa) is accepted and has
+  no effect here. Raises ValueError for what a checkpoint series cannot give: ``power_ema``
+  (needs stored power-EMA snapshots: ``scripts/average.py --method posthoc_ema``), ``ema`` with
+  ``warmup`` or ``debias=false``, and a selection the steps do not contain (naming them).
+  """
+  parse_spec(spec)  # the transform's own checks: required keys, value ranges
+  name, kwargs, _ = _split(spec)
+  steps = sorted(int(s) for s in steps)
+  if not steps:
+    raise ValueError(f"averaging spec {spec!r}: no checkpoints to average")
+  if name == "lawa":
+    return posthoc.plan_lawa(steps, kwargs["k"], every=kwargs.get("every"))
+  if name == "swa":
+    return posthoc.plan_swa(steps, start=kwargs.get("start", 0), every=kwargs.get("every"))
+  if name == "ema":
+    if kwargs.get("warmup") is not None or not kwargs.get("debias", True):
+      raise ValueError(f"averaging spec {spec!r}: warmup and debias=false need every training "
+                       "step, not checkpoints; use plain ema:decay=D[,every=N] post hoc")
+    every = kwargs.get("every")
+    chosen = W.select_from(steps, steps[0], every=every) if every else steps
+    return posthoc.plan_ema(chosen, kwargs["decay"], start=chosen[0])
+  raise ValueError(f"averaging spec {spec!r}: {name} cannot be computed from checkpoints; "
+                   "use scripts/average.py --method posthoc_ema with power-EMA snapshots")
 
 
 def spec_name(spec: str) -> str:

@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
+from rlpost import local_data
 from rlpost.dynamics import systems as systems_lib
 
 # A sibling of the synthetic tasks' folder (``rlpost.tasks.builders.DEFAULT_DATA_DIR``).
@@ -56,7 +57,8 @@ def split_seed(seed: int, split: str) -> int:
   return int(np.random.SeedSequence([seed, SPLITS.index(split)]).generate_state(1)[0])
 
 
-class DynamicsTrajectories(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class DynamicsTrajectories(local_data.LocalBuilder, tfds.core.GeneratorBasedBuilder,
+                           skip_registration=True):
   """Trajectories of one system: records ``{"trajectory": float32 [T, *S, F], "index": int32}``."""
 
   VERSION = tfds.core.Version("1.0.0")
@@ -109,7 +111,8 @@ def _positive(value, what: str) -> int:
   return int(value)
 
 
-def _builder(system_name, *, data_dir, num_train, num_val, num_test, num_ood, num_frames, seed):
+def _builder(system_name, *, data_dir, num_train, num_val, num_test, num_ood, num_frames, seed,
+             log=print):
   system = systems_lib.get_system(system_name)
   sizes = {"train": _positive(num_train, "num_train"), "validation": _positive(num_val, "num_val"),
            "test": _positive(num_test, "num_test"), "ood": _positive(num_ood, "num_ood")}
@@ -123,10 +126,10 @@ def _builder(system_name, *, data_dir, num_train, num_val, num_test, num_ood, nu
   cfg = DynamicsConfig(name=config_name(system, frames, sizes, int(seed)), system=system.name,
                        num_frames=frames, num_train=sizes["train"], num_val=sizes["validation"],
                        num_test=sizes["test"], num_ood=sizes["ood"], seed=int(seed))
-  builder = DynamicsTrajectories(config=cfg, data_dir=os.fspath(data_dir or DEFAULT_DATA_DIR),
-                                 file_format="array_record")
-  tfds.disable_progress_bar()
-  builder.download_and_prepare()
+  data_dir = os.fspath(data_dir or DEFAULT_DATA_DIR)
+  builder = DynamicsTrajectories(config=cfg, data_dir=data_dir, file_format="array_record")
+  counts = " / ".join(f"{n:,} {split}" for split, n in sizes.items())
+  local_data.prepare(builder, f"{system.name} trajectories ({counts})", data_dir, log)
   return builder
 
 

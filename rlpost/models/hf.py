@@ -9,8 +9,11 @@ Public API:
   config_from_hf(hf_config)                     -> TransformerConfig
   config_to_hf(config, architecture)            -> dict (config.json contents)
   load_pretrained(path, dtype=, param_dtype=)   -> Transformer
-  save_pretrained(model, path, architecture=, max_shard_bytes=, ...)
+  save_pretrained(model, path, architecture=, source=, eos_token_id=, ...)
+  special_token_ids(path)                       -> {"bos_token_id", "eos_token_id", "pad_token_id"}
   load_tokenizer(path)                          -> Tokenizer
+  read_json(path)                               -> dict (a JSON object; errors name the file)
+  write_char_tokenizer(tok, folder)             -> [paths] (a CharTokenizer for transformers)
 
 Weight layout: Hugging Face ``nn.Linear`` weights are ``[out, in]``; the NNX ``Linear`` kernels
 here are ``[in, out]``, so projection weights are transposed on the way in and out. Embedding
@@ -42,6 +45,12 @@ from rlpost import tokenizer
 # Short architecture names accepted by ``config_to_hf`` / ``save_pretrained``.
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 _MODEL_TYPES = {v: k for k, v in ARCHITECTURES.items()}
+
+# The files of a checkpoint's tokenizer (those present are copied by ``save_pretrained(source=)``).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+                   "chat_template.jinja", "generation_config.json")
+SPECIAL_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -306,14 +315,19 @@ def _hf_shape(shape: Sequence[int], transpose: bool) -> tuple[int, ...]:
 # Loading
 # --------------------------------------------------------------------------------------------
 
-def _read_json(path: Path) -> dict:
+def read_json(path: str | os.PathLike) -> dict:
+  """The JSON object in ``path``: FileNotFoundError or ValueError (not JSON, not an object)
+  naming the file."""
   try:
     with open(path) as f:
-      return json.load(f)
+      data = json.load(f)
   except FileNotFoundError:
     raise FileNotFoundError(f"{path} not found") from None
   except json.JSONDecodeError as e:
     raise ValueError(f"{path} is not valid JSON: {e}") from None
+  if not isinstance(data, dict):
+    raise ValueError(f"{path} is not a JSON object")
+  return data
 
 
 @contextlib.contextmanager
@@ -341,7 +355,7 @@ def _weight_files(path: Path) -> dict[str, Path]:
     with _open_safetensors(single) as f:
       return {name: single for name in f.keys()}
   if index.exists():
-    weight_map = _read_json(index).get("weight_map")
+    weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict):
       raise ValueError(f"{index} has no 'weight_map' object")
     files = {}
@@ -373,7 +387,7 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32",
   safetensors files (naming the file); FileNotFoundError for missing files.
   """
   path = Path(path)
-  config = config_from_hf(_read_json(path / CONFIG_NAME), dtype=dtype, param_dtype=param_dtype)
+  config = config_from_hf(read_json(path / CONFIG_NAME), dtype=dtype, param_dtype=param_dtype)
   files = _weight_files(path)
   entries = _param_map(config)
   expected = {e.hf_name for e in entries}
@@ -448,8 +462,40 @@ def _shards(tensors: dict[str, np.ndarray], max_shard_bytes: int | None) -> list
   return shards
 
 
+def special_token_ids(path: str | os.PathLike) -> dict[str, int | list[int]]:
+  """The bos / eos / pad ids of the checkpoint directory ``path``, as config.json keys.
+
+  config.json's ``bos_token_id``, ``eos_token_id`` (an int or a list) and ``pad_token_id`` are
+  kept as they are; a key it lacks is taken from the tokenizer (``load_tokenizer``: tokenizer,
+  generation and model configs) when ``path`` has a tokenizer.json. Keys with no id are left out.
+  """
+  path = Path(path)
+  cfg = read_json(path / CONFIG_NAME)
+  out = {k: cfg[k] for k in SPECIAL_ID_KEYS if cfg.get(k) is not None}
+  if len(out) < len(SPECIAL_ID_KEYS) and (path / "tokenizer.json").exists():
+    tok = load_tokenizer(path)
+    eos = list(tok.eos_ids)
+    found = {"bos_token_id": tok.bos_id, "pad_token_id": tok.pad_id,
+             "eos_token_id": (eos[0] if len(eos) == 1 else eos) if eos else None}
+    out.update({k: v for k, v in found.items() if k not in out and v is not None})
+  return out
+
+
+def _chmod_as_created(folder: Path) -> None:
+  """Give ``folder`` and its files the modes a plain mkdir / open would (mkdtemp makes 0700)."""
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(folder, 0o777 & ~umask)
+  for file in folder.iterdir():
+    os.chmod(file, 0o666 & ~umask)
+
+
 def save_pretrained(model: Transformer, path: str | os.PathLike, *,
                     architecture: str = "qwen2", max_shard_bytes: int | None = None,
+                    source: str | os.PathLike | None = None,
+                    bos_token_id: int | None = None,
+                    eos_token_id: int | Sequence[int] | None = None,
+                    pad_token_id: int | None = None,
                     extra_config: dict | None = None,
                     extra_files: Iterable[str | os.PathLike] = (),
                     overwrite: bool = False) -> Path:
@@ -464,8 +510,12 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, *,
     path: the checkpoint directory to create.
     architecture: "qwen2" or "llama" (or the class name), see ``config_to_hf``.
     max_shard_bytes: shard size limit in bytes; None writes a single file.
-    extra_config: keys merged into config.json (e.g. ``eos_token_id``, ``bos_token_id``).
-    extra_files: files copied into the checkpoint (e.g. tokenizer.json, tokenizer_config.json).
+    source: the Hugging Face checkpoint directory the model came from: its special token ids
+      (``special_token_ids``) go into config.json and its tokenizer files (``TOKENIZER_FILES``
+      present there, generation_config.json included) are copied.
+    bos_token_id, eos_token_id, pad_token_id: config.json's special ids (over ``source``'s).
+    extra_config: keys merged into config.json last.
+    extra_files: files copied into the checkpoint (after ``source``'s, replacing same names).
     overwrite: replace an existing ``path``; otherwise an existing path is an error.
 
   The checkpoint is written to a temporary sibling directory and renamed into place, so an
@@ -478,7 +528,15 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, *,
     raise FileExistsError(f"{path} exists; pass overwrite=True to replace it")
   cfg = model.cfg
   hf_config = config_to_hf(cfg, architecture)
+  copies: list[Path] = []
+  if source is not None:
+    source = Path(source)
+    hf_config.update(special_token_ids(source))
+    copies = [source / name for name in TOKENIZER_FILES if (source / name).is_file()]
+  given = dict(bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+  hf_config.update({k: v for k, v in given.items() if v is not None})
   hf_config.update(extra_config or {})
+  copies += [Path(f) for f in extra_files]
   flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
   tensors: dict[str, np.ndarray] = {}
   for e in _param_map(cfg):
@@ -503,8 +561,9 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, *,
                "weight_map": weight_map}
       with open(tmp / SAFE_WEIGHTS_INDEX_NAME, "w") as f:
         json.dump(index, f, indent=2, sort_keys=True)
-    for extra in extra_files:
-      shutil.copy2(extra, tmp / Path(extra).name)
+    for file in copies:
+      shutil.copy2(file, tmp / file.name)
+    _chmod_as_created(tmp)
     if path.exists():
       old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
       os.replace(path, old / "ckpt")
@@ -623,7 +682,7 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
 
   def read_optional(name: str) -> dict:
     p = folder / name
-    return _read_json(p) if p.exists() else {}
+    return read_json(p) if p.exists() else {}
 
   tok_cfg = read_optional("tokenizer_config.json")
   gen_cfg = read_optional("generation_config.json")
@@ -656,3 +715,58 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     if bos is None and cfg.get("bos_token_id") is not None:
       bos = _as_id_list(cfg["bos_token_id"])[0]
   return Tokenizer(backend=backend, eos_ids=tuple(eos), pad_id=pad, bos_id=bos)
+
+
+# Names of the character tokenizer's special ids in its Hugging Face files.
+CHAR_SPECIAL_TOKENS = {"pad": "<pad>", "bos": "<s>", "eos": "</s>"}
+
+
+def write_char_tokenizer(tok, folder: str | os.PathLike, *,
+                         model_max_length: int | None = None) -> list[Path]:
+  """Write a character tokenizer (``rlpost.tasks.tokenizer.CharTokenizer``) in the files of a
+  Hugging Face fast tokenizer: tokenizer.json, tokenizer_config.json, special_tokens_map.json.
+
+  ``AutoTokenizer.from_pretrained(folder)`` (and ``load_tokenizer``) then encode a prompt to
+  ``tok.encode_prompt``'s ids: BOS, then one id per character (a ``WordLevel`` model over the
+  alphabet, every character its own pre-token), and decode ids back to the characters. The pad,
+  bos and eos ids keep their numbers under the names ``CHAR_SPECIAL_TOKENS``. A character
+  outside the alphabet fails to encode (the vocabulary has no unknown token), as with ``tok``.
+
+  Args:
+    tok: has ``alphabet`` (character i is id ``3 + i``) and ``pad_id`` / ``bos_id`` /
+      ``eos_id``.
+    folder: an existing directory.
+    model_max_length: the longest sequence, for tokenizer_config.json (None: unset).
+
+  Returns the paths written.
+  """
+  import tokenizers
+  from tokenizers import decoders, models, pre_tokenizers, processors
+
+  names = CHAR_SPECIAL_TOKENS
+  clash = sorted(name for name in names.values() if set(name) <= set(tok.alphabet))
+  if clash:
+    raise ValueError(f"the tokenizer alphabet can spell the special token names {clash}")
+  ids = {"pad": tok.pad_id, "bos": tok.bos_id, "eos": tok.eos_id}
+  vocab = {names[k]: int(i) for k, i in ids.items()}
+  vocab.update({c: tok.token_to_id(c) for c in tok.alphabet})
+  backend = tokenizers.Tokenizer(models.WordLevel(vocab))
+  backend.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+  backend.decoder = decoders.Fuse()
+  backend.add_special_tokens([tokenizers.AddedToken(names[k], special=True, normalized=False)
+                              for k in ("pad", "bos", "eos")])
+  backend.post_processor = processors.TemplateProcessing(
+      single=f"{names['bos']} $A", pair=f"{names['bos']} $A $B",
+      special_tokens=[(names["bos"], ids["bos"])])
+  folder = Path(folder)
+  special = {"bos_token": names["bos"], "eos_token": names["eos"], "pad_token": names["pad"]}
+  tok_cfg = dict(special, tokenizer_class="PreTrainedTokenizerFast", padding_side="left",
+                 clean_up_tokenization_spaces=False, add_bos_token=True, add_eos_token=False)
+  if model_max_length is not None:
+    tok_cfg["model_max_length"] = int(model_max_length)
+  backend.save(str(folder / "tokenizer.json"))
+  for name, data in (("tokenizer_config.json", tok_cfg), ("special_tokens_map.json", special)):
+    with open(folder / name, "w") as f:
+      json.dump(data, f, indent=2, sort_keys=True)
+  return [folder / n for n in ("tokenizer.json", "tokenizer_config.json",
+                               "special_tokens_map.json")]

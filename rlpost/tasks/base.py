@@ -213,4 +213,4 @@ class SyntheticTask(Task):
 
     c = self.cfg
     return builders.build(self.name, spec=c.task_spec, num_train=c.num_train,
-                          num_test=c.num_test, seed=c.data_seed, data_dir=c.data_dir)
+                          num_test=c.num_test, seed=c.data_seed, data_dir=c.data_dir, log=log)

@@ -3,7 +3,8 @@
 Each task is generated locally and deterministically from its config (sizes, difficulty range,
 seed); the config is encoded in the builder config's name, so a dataset is built once per config
 and reused from ``data_dir`` afterwards. Records are read back with ``as_data_source`` (random
-access over array_record; no ``tfds.load``, which would need TensorFlow).
+access over array_record; no ``tfds.load``, which would need TensorFlow). Building logs one line
+(``rlpost.local_data``), none of tfds's download messages.
 
 Every record: ``prompt`` (text), ``answer`` (text), ``demo`` (a worked solution, text),
 ``difficulty`` (int32).
@@ -14,11 +15,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 import os
+from typing import Callable
 
 import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
+from rlpost import local_data
 from rlpost.tasks import arithmetic, countdown
 
 DEFAULT_DATA_DIR = os.path.join(os.path.expanduser("~"), ".cache", "rlpost", "tfds")
@@ -43,7 +46,8 @@ def _features():
   })
 
 
-class _SyntheticBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class _SyntheticBuilder(local_data.LocalBuilder, tfds.core.GeneratorBasedBuilder,
+                        skip_registration=True):
   VERSION = tfds.core.Version("1.1.0")
   RELEASE_NOTES = {"1.1.0": "Train no longer drops prompts that also occur in test."}
   # tfds otherwise locates its metadata and checksum files through the top-level package's
@@ -102,8 +106,10 @@ def config_name(spec: dict, num_train: int, num_test: int, seed: int) -> str:
 
 
 def build(task: str, *, spec: dict | None = None, num_train: int = 10000, num_test: int = 1000,
-          seed: int = 0, data_dir: str | None = None) -> dict[str, list[dict]]:
-  """Build (once) and read a synthetic task: {"train": [...], "test": [...]} of record dicts."""
+          seed: int = 0, data_dir: str | None = None, log: Callable[[str], None] = print
+          ) -> dict[str, list[dict]]:
+  """Build (once) and read a synthetic task: {"train": [...], "test": [...]} of record dicts;
+  building logs one line through ``log``."""
   if task not in BUILDERS:
     raise ValueError(f"unknown task {task!r}; known: {sorted(BUILDERS)}")
   spec = dict(spec or {})
@@ -114,10 +120,10 @@ def build(task: str, *, spec: dict | None = None, num_train: int = 10000, num_te
   SPECS[task](**spec)  # validates values with clear errors
   cfg = SyntheticConfig(name=config_name(spec, num_train, num_test, seed), spec=spec,
                         num_train=num_train, num_test=num_test, seed=seed)
-  builder = BUILDERS[task](config=cfg, data_dir=data_dir or DEFAULT_DATA_DIR,
-                           file_format="array_record")
-  tfds.disable_progress_bar()
-  builder.download_and_prepare()
+  data_dir = data_dir or DEFAULT_DATA_DIR
+  builder = BUILDERS[task](config=cfg, data_dir=data_dir, file_format="array_record")
+  local_data.prepare(builder, f"{task} data ({num_train:,} train / {num_test:,} test)", data_dir,
+                     log)
   sources = builder.as_data_source()
   return {split: [_decode(sources[split][i]) for i in range(len(sources[split]))]
           for split in ("train", "test")}

@@ -137,5 +137,25 @@ def parse_overrides(items: Sequence[str], cls: type | None = None) -> dict:
   return out
 
 
+def describe(cls: type, help: dict[str, str]) -> str:
+  """Every key of dataclass ``cls`` as ``key (type, default: value)`` and its line of ``help``,
+  in field order (the text of ``scripts/train.py --help``)."""
+  hints = typing.get_type_hints(cls)
+  lines = []
+  for f in dataclasses.fields(cls):
+    if f.default is not dataclasses.MISSING:
+      default = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+      default = f.default_factory()
+    else:
+      default = "required"
+    typ = getattr(hints[f.name], "__name__", None) or str(hints[f.name]).replace("typing.", "")
+    shown = repr(default)
+    if len(shown) > 40:
+      shown = shown[:37] + "..."
+    lines.append(f"  {f.name} ({typ}, default {shown})\n      {help.get(f.name, '')}")
+  return "\n".join(lines)
+
+
 def to_dict(cfg) -> dict:
   return dataclasses.asdict(cfg)

@@ -1,7 +1,8 @@
 """Test-split evaluation of a policy: pass@k, greedy pass@1, maj@k and token entropy.
 
-``make_evaluate(...)`` returns ``evaluate(params, *, num_problems, num_samples, seed) -> dict``,
-a host loop over jitted sampling calls of whole problems (``eval_batch`` rows at a time).
+``make_evaluate(...)`` returns ``evaluate(params, *, num_problems, num_samples, seed, progress)
+-> dict``, a host loop over jitted sampling calls of whole problems (``eval_batch`` rows at a
+time), with a progress bar over the problems when ``progress`` is set.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlpost import progress as progress_lib
 from rlpost import sampling
 from rlpost.eval import metrics as evm
 from rlpost.models.policy import Policy
@@ -39,7 +41,7 @@ def make_evaluate(*, policy: Policy, task: Task, records: list[dict], data: Task
     return fns[(rows, greedy)]
 
   def evaluate(params, *, num_problems: int | None = None, num_samples: int | None = None,
-               seed: int = 1234) -> dict:
+               seed: int = 1234, progress: bool = False) -> dict:
     """pass@k (k = 1, 2, 4, ... n), accuracy, greedy pass@1, maj@k and token entropy on the
     test split, overall and per difficulty. Sampling at the training temperature."""
     n_test = data.prompt_tokens.shape[0]
@@ -48,6 +50,8 @@ def make_evaluate(*, policy: Policy, task: Task, records: list[dict], data: Task
     per_call = max(1, eval_batch // n)  # whole problems per call
     fn, greedy_fn = eval_fn(per_call * n, False), eval_fn(per_call, True)
     correct, answers, surprisal, tokens_count, greedy = [], [], 0.0, 0, []
+    bar = progress_lib.bar(total=n_prob, desc="eval", unit="problem", disable=not progress,
+                           leave=False)
     for start in range(0, n_prob, per_call):
       prob = np.arange(start, start + per_call) % n_test
       key = jax.random.fold_in(jax.random.key(seed), start)
@@ -63,6 +67,8 @@ def make_evaluate(*, policy: Policy, task: Task, records: list[dict], data: Task
       tokens_count += int(msk.sum())
       _, g_ok = greedy_fn(params, jnp.asarray(prob, jnp.int32), key)
       greedy.append(np.asarray(g_ok)[:keep])
+      bar.update(keep)
+    bar.close()
     correct = np.concatenate(correct)
     diff = np.asarray(data.difficulty)[:n_prob]
     res = evm.summarize_passk(correct, diff, evm.ks_up_to(n))

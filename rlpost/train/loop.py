@@ -1,8 +1,9 @@
 """The outer training loop: resume, step, evaluate, log, checkpoint, plot.
 
 A run directory holds ``config.json``, ``metrics.jsonl`` (one JSON object per step or
-evaluation), ``tb/`` (TensorBoard event files: ``tensorboard --logdir runs``), ``checkpoints/``
-(orbax) and ``learning_curve.png``.
+evaluation), ``tb/`` (TensorBoard event files: ``tensorboard --logdir runs``; the ``logger``
+key chooses the trackers, see ``rlpost.train.tracking``), ``checkpoints/`` (orbax) and
+``learning_curve.png`` (redrawn at every evaluation, so a killed run has one).
 
 Crash safety: resuming restores the latest complete checkpoint, verified against its manifest
 (structure, shapes, dtypes, checksums, finite values), and continues bit for bit (the state
@@ -20,17 +21,16 @@ error says which step that is. The silent-failure guards (``rlpost.train.guards`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
 
 import jax
 import numpy as np
-from tensorboardX import SummaryWriter
-from tqdm.auto import tqdm
 
-from rlpost import averaging
-from rlpost.train import checkpoint, guards
+from rlpost import averaging, progress as progress_lib
+from rlpost.train import checkpoint, guards, tracking
 from rlpost.train.rl import RLState, Trainer, raise_if_bad
 
 
@@ -41,20 +41,12 @@ def _to_float(tree: dict) -> dict:
 # Keys that may change between a run and its resumption: they do not change the trajectory.
 OPERATIONAL_KEYS = frozenset({"steps", "run_dir", "resume_fallback", "keep_checkpoints",
                               "guard_action", "guard_patience", "guard_truncated",
-                              "guard_logp_mismatch"})
+                              "guard_logp_mismatch", "logger"})
 
 
 def _primary() -> bool:
   """Only process 0 writes logs and plots (checkpoints coordinate through orbax)."""
   return jax.process_index() == 0
-
-
-class _NoWriter:
-  def add_scalar(self, *args, **kwargs):
-    pass
-
-  def close(self):
-    pass
 
 
 def _append(path: str, record: dict) -> None:
@@ -168,15 +160,26 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
       if _primary():
         os.remove(metrics_path)
 
+  n_test = trainer.test_data.prompt_tokens.shape[0]
+  n_eval = min(cfg.eval_problems or n_test, n_test)
+  evaluate = functools.partial(trainer.evaluate, progress=progress)
+  curve_png = os.path.join(run_dir, "learning_curve.png")
+  bar = None
+
   def do_eval(step: int):
     t0 = time.perf_counter()
-    res = trainer.evaluate(state.params)
+    extra = f" (and {len(tracker.names)} weight averages)" if tracker and step > 0 else ""
+    progress_lib.message(bar, log, f"evaluating {n_eval} test problems x {cfg.eval_samples} "
+                         f"samples at step {step}{extra}...")
+    res = evaluate(state.params)
     if tracker is not None and step > 0:
-      res.update(tracker.evaluate(trainer.evaluate, state.params, keys=("pass@1", "pass@4")))
+      res.update(tracker.evaluate(evaluate, state.params, keys=("pass@1", "pass@4")))
     res["step"] = step
     res["eval_seconds"] = time.perf_counter() - t0
     evals.append(res)
     _append(metrics_path, {"step": step, **{f"eval/{k}": v for k, v in res.items() if k != "step"}})
+    if _primary():  # redrawn at every evaluation, so a run stopped at any point has its curve
+      plot_learning_curve(metrics_path, curve_png)
     return res
 
   def save(step: int, last_eval: dict | None):
@@ -187,27 +190,25 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
             "param_leaves": len(jax.tree.leaves(state.params))}
     ckpt.save(step, (state, tracker.state) if tracker else state, meta, metrics)
 
-  # On resume, events a killed process logged after the checkpoint are purged.
-  tb = (SummaryWriter(os.path.join(run_dir, "tb"),
-                      purge_step=None if resumed_from is None else resumed_from + 1)
-        if _primary() else _NoWriter())
+  # On resume, TensorBoard events a killed process logged after the checkpoint are purged.
+  tracker_kind = cfg.logger
+  trackers = (tracking.make_logger(tracker_kind, run_dir, cfg_dict, resume_step=resumed_from)
+              if _primary() else tracking.NullLogger())
   guard = (guards.Guards(patience=cfg.guard_patience, truncated=cfg.guard_truncated,
                          logp_mismatch=cfg.guard_logp_mismatch)
            if cfg.guard_action != "off" else None)
 
-  def write_tb(step: int, prefix: str, values: dict):
-    for k, v in values.items():
-      if isinstance(v, (int, float)) and k != "step":
-        tb.add_scalar(f"{prefix}/{k}".replace("@", "_at_"), v, step)  # TB tags allow no "@"
-
   start = int(state.step)
-  if start == 0:
-    write_tb(0, "eval", do_eval(0))
-  bar = tqdm(total=cfg.steps, initial=start, disable=not progress, desc="rl", dynamic_ncols=True)
   last_good = resumed_from
   history = []
   try:
+    if start == 0:
+      trackers.log(0, "eval", do_eval(0))
+    bar = progress_lib.bar(total=cfg.steps, initial=start, disable=not progress, desc="rl")
     for step in range(start + 1, cfg.steps + 1):
+      if step == start + 1:
+        progress_lib.message(bar, log, "compiling the RL step (first call of this process; "
+                             "later steps reuse it)...")
       t0 = time.perf_counter()
       new_state, metrics = trainer.step(state)
       metrics = _to_float(metrics)
@@ -224,16 +225,12 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
       metrics["step_seconds"] = time.perf_counter() - t0
       history.append(metrics)
       _append(metrics_path, {"step": step, **{f"train/{k}": v for k, v in metrics.items()}})
-      write_tb(step, "train", metrics)
+      trackers.log(step, "train", metrics)
       if step % cfg.eval_every == 0 or step == cfg.steps:
-        write_tb(step, "eval", do_eval(step))
+        trackers.log(step, "eval", do_eval(step))
       alarms = guard.check(step, metrics) if guard else []
       for alarm in alarms:  # once, on its own line above the progress bar
-        if progress:
-          bar.clear()
-        log(f"WARNING: {alarm}")
-        if progress:
-          bar.refresh()
+        progress_lib.message(bar, log, f"WARNING: {alarm}")
         _append(metrics_path, {"step": step, "guard/metric": alarm.metric,
                                "guard/message": str(alarm)})
       stop = bool(alarms) and cfg.guard_action == "stop"
@@ -251,11 +248,10 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
         post["pass@1"] = f"{evals[-1]['pass@1']:.3f}"
       bar.set_postfix(post)
   finally:
-    bar.close()
-    tb.close()
+    if bar is not None:
+      bar.close()
+    trackers.close()
     ckpt.close()
-  if _primary():
-    plot_learning_curve(metrics_path, os.path.join(run_dir, "learning_curve.png"))
   averages = tracker.results(state.params) if tracker is not None else {}
   return {"state": state, "evals": evals, "resumed_from": resumed_from, "averages": averages}
 

@@ -83,10 +83,11 @@ class Trainer:
   """Host-side setup of one run, its pure functions (``fns``) and jitted conveniences."""
 
   def __init__(self, cfg: RLConfig, *, log: Callable[[str], None] = print,
-               optimizer: optax.GradientTransformation | None = None):
-    """``optimizer`` replaces the configured one (global-norm clipping and AdamW)."""
+               optimizer: optax.GradientTransformation | None = None, progress: bool = True):
+    """``optimizer`` replaces the configured one (global-norm clipping and AdamW);
+    ``progress=False`` turns off the SFT warm start's progress bar."""
     self.cfg, self.log = cfg, log
-    s = setup.build(cfg, log)
+    s = setup.build(cfg, log, progress=progress)
     self.task, self.rows = s.task, s.records
     self.tok, self.stop_tokens, self.pad_id = s.policy.tokenizer, s.policy.stop_ids, s.policy.pad_id
     self.model_cfg, self.graphdef = s.policy.model_cfg, s.policy.graphdef

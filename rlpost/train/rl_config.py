@@ -7,6 +7,7 @@ names the key; task-specific checks come from the task (``rlpost.tasks.base.Task
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 import warnings
@@ -18,7 +19,9 @@ from rlpost import objectives as obj
 from rlpost.models import transformer as tfm
 from rlpost.tasks import base as task_base
 from rlpost.tasks import builders, math_data
+from rlpost.train import tracking
 
+DEFAULT_SFT_STEPS = 500
 DEFAULT_MODEL = dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=4,
                      intermediate_size=512, max_seq_len=64)
 # The ``model`` keys that still apply with a Hugging Face policy (its config.json fixes the rest).
@@ -53,7 +56,7 @@ class RLConfig:
   # policy and warm start; with a policy only POLICY_MODEL_KEYS may be set in model
   model: dict = dataclasses.field(default_factory=dict)
   model_seed: int = 0
-  sft_steps: int = 500
+  sft_steps: int | None = None  # None: 500 for the character model, 0 with a policy
   sft_batch_size: int = 256
   sft_lr: float = 1e-3
   cache_dir: str = builders.DEFAULT_DATA_DIR.replace("tfds", "policies")
@@ -104,11 +107,17 @@ class RLConfig:
   checkpoint_every: int = 100
   keep_checkpoints: int = 2
   resume_fallback: bool = False  # resume from the previous checkpoint if the latest is corrupt
+  # experiment trackers beside metrics.jsonl (rlpost.train.tracking): comma-separated kinds
+  logger: str = "tensorboard"
   # silent-failure guards (rlpost.train.guards): "warn", "stop" (save and end the run) or "off"
   guard_action: str = "warn"
   guard_patience: int = 50
   guard_truncated: float = 0.5
   guard_logp_mismatch: float = 0.05
+
+  def __post_init__(self):
+    if self.sft_steps is None:
+      object.__setattr__(self, "sft_steps", 0 if self.policy else DEFAULT_SFT_STEPS)
 
   def validate(self) -> None:
     def need(cond, key, msg):
@@ -121,15 +130,26 @@ class RLConfig:
     if not task.character_alphabet:
       need(bool(self.policy), "task", "needs a Hugging Face policy (config key 'policy'): real "
            "text is outside the character tokenizer's alphabet")
-    if self.policy:
-      need(self.sft_steps == 0, "sft_steps", "must be 0 with a policy: the checkpoint is the "
-           "starting policy (the SFT warm start is for the built-in character model)")
-      need(self.max_new_tokens >= 1, "max_new_tokens", "must be set (>= 1) with a policy")
+    if self.policy:  # every key the policy path needs, in one message
+      problems = []
+      if self.sft_steps != 0:
+        problems.append(f"'sft_steps' must be 0 (got {self.sft_steps}): the checkpoint is the "
+                        "starting policy (the SFT warm start is for the built-in character "
+                        "model); leave it unset")
+      if self.max_new_tokens < 1:
+        problems.append(f"'max_new_tokens' must be set (>= 1; got {self.max_new_tokens}): the "
+                        "completion length of a pretrained policy cannot be read from the data")
       fixed = sorted(set(self.model) - set(POLICY_MODEL_KEYS))
       if fixed:
-        raise ValueError(f"config key 'model': {fixed} cannot be set when 'policy' is set (the "
-                         f"architecture comes from {os.path.join(self.policy, 'config.json')}); "
-                         f"only {list(POLICY_MODEL_KEYS)} apply")
+        problems.append(f"'model' cannot set {fixed} (the architecture comes from "
+                        f"{os.path.join(self.policy, 'config.json')}); only "
+                        f"{list(POLICY_MODEL_KEYS)} apply")
+      if len(problems) == 1:
+        raise ValueError(f"with policy={self.policy!r}, config key {problems[0]}")
+      if problems:
+        raise ValueError(f"with policy={self.policy!r}, {len(problems)} config keys need "
+                         "changing: " + "; ".join(f"({i}) config key {p}"
+                                                  for i, p in enumerate(problems, 1)))
       for key in ("dtype", "param_dtype"):
         if key in self.model and self.model[key] not in ("float32", "bfloat16", "float16"):
           raise ValueError(f"config key 'model': {key} must be 'float32', 'bfloat16' or "
@@ -191,6 +211,9 @@ class RLConfig:
     need(0 <= self.guard_truncated <= 1, "guard_truncated", "must be in [0, 1]")
     need(self.guard_logp_mismatch > 0, "guard_logp_mismatch", "must be > 0")
     need(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0")
+    if "wandb" in tracking.parse_kinds(self.logger) and importlib.util.find_spec("wandb") is None:
+      raise ValueError("config key 'logger': 'wandb' needs the wandb extra: "
+                       "pip install -e '.[wandb]'")
     if "\\n" in self.prompt_template:
       warnings.warn("prompt_template contains a literal backslash-n (two characters), so every "
                     "prompt will too; for a newline pass a real one, '\\n' on the command line "
@@ -236,6 +259,79 @@ class RLConfig:
     if not self.dars_schedule:
       return 0
     return self.dars_budget or self.num_prompts * (self.dars_n_max - self.group_size)
+
+
+# One line per key for ``scripts/train.py --help`` (types and defaults come from the dataclass;
+# tests/train/test_config_help.py fails when a key is missing here or a name here is not a key).
+HELP = {
+    "task": "registered task: arithmetic, countdown, gsm8k, math (rlpost.tasks.base.list_tasks)",
+    "task_spec": "the task's options, e.g. digits for arithmetic; {'train': path, 'test': path} "
+                 "for the file tasks",
+    "num_train": "training records generated (synthetic tasks) or the cap on records read",
+    "num_test": "test records generated or the cap on records read",
+    "data_seed": "seed of the synthetic data sets",
+    "graded_reward": "partial credit instead of 0/1 where the task has it",
+    "data_dir": "where generated data sets are cached (tfds array_record)",
+    "prompt_template": "file tasks: the prompt, with {question} replaced; @FILE on the command "
+                       "line reads it from a file",
+    "max_prompt_tokens": "prompts longer than this many tokens are dropped (0: keep all)",
+    "policy": "a local Hugging Face checkpoint directory; '' is the built-in character model",
+    "extra_stop_tokens": "with a policy: token strings that end a completion besides its eos ids",
+    "model": "TransformerConfig fields of the character model; with a policy only dtype, "
+             "param_dtype and max_seq_len",
+    "model_seed": "seed of the character model's initialisation",
+    "sft_steps": "SFT warm-start steps of the character model (unset: 500; 0 with a policy)",
+    "sft_batch_size": "SFT warm-start batch size",
+    "sft_lr": "SFT warm-start learning rate",
+    "cache_dir": "where SFT warm-start policies are cached (keyed by their config)",
+    "recipe": "the objective: grpo, dr_grpo, dapo, gspo, pnpo, rloo, mc_grpo, ace, dars, ... "
+              "(rlpost.objectives.list_recipes)",
+    "recipe_args": "the recipe's own arguments, e.g. {'alpha': 0.5} for ace",
+    "num_prompts": "prompts per RL step",
+    "group_size": "rollouts per prompt (G)",
+    "max_new_tokens": "completion length; 0: longest demonstration + 2 (character model only)",
+    "temperature": "sampling temperature of the rollouts",
+    "top_p": "nucleus sampling threshold of the rollouts",
+    "dynamic_sampling_factor": "DAPO dynamic sampling: draw k * P groups, keep P with mixed "
+                               "outcomes (1: off)",
+    "dars_schedule": "DARS stage-2 schedule: '' (off), 'et' (equal treatment), 'hw' (hardness "
+                     "weighted)",
+    "dars_n_max": "DARS: the largest merged group (stage 1 + stage 2)",
+    "dars_budget": "DARS: stage-2 rows per step (0: P * (n_max - G), never truncates)",
+    "lr": "RL learning rate (Adam)",
+    "lr_schedule": "'constant' or 'cosine' (to 0 at the last optimizer update)",
+    "lr_warmup_steps": "linear warm-up from 0 over this many optimizer updates",
+    "b1": "Adam beta1",
+    "b2": "Adam beta2",
+    "weight_decay": "decoupled weight decay (AdamW)",
+    "grad_clip": "global gradient-norm clip",
+    "num_iterations": "epochs over each step's rollouts (PPO-style reuse)",
+    "num_minibatches": "optimizer updates per epoch",
+    "grad_accum": "micro-batches per mini-batch (memory; the update is unchanged)",
+    "remat": "recompute each layer in the backward pass (memory)",
+    "logits_chunk": "LM head over this many completion positions at a time (memory; 0: all)",
+    "rollout_chunk": "sample this many rows at a time (bounds the KV cache; 0: all)",
+    "steps": "RL steps",
+    "seed": "seed of the RL run (sampling, advantages, mini-batches)",
+    "eval_every": "evaluate every this many steps (and at the last)",
+    "eval_problems": "test problems per evaluation (0: the whole test split)",
+    "eval_samples": "samples per test problem (pass@k up to this k)",
+    "eval_batch": "rows per evaluation sampling call",
+    "averaging": "weight averages evaluated beside the raw policy, e.g. "
+                 "'lawa:k=5,every=50;ema:decay=0.99'",
+    "mesh_fsdp": "size of the mesh's fsdp axis (the rest is data parallel)",
+    "param_sharding": "'replicate' or 'fsdp' (parameters and optimizer state sharded)",
+    "run_dir": "run directory (default runs/<config>-<recipe>-s<seed>); rerunning resumes",
+    "checkpoint_every": "save a checkpoint every this many steps (and at the last)",
+    "keep_checkpoints": "checkpoints kept on disk",
+    "resume_fallback": "resume from the previous checkpoint if the latest is corrupt",
+    "logger": "experiment trackers beside metrics.jsonl: tensorboard, wandb or none; "
+              "comma-separated for several",
+    "guard_action": "silent-failure guards: 'warn', 'stop' (save and end the run) or 'off'",
+    "guard_patience": "steps a guard's condition must hold before it fires",
+    "guard_truncated": "share of truncated completions above which the truncation guard counts",
+    "guard_logp_mismatch": "sampler-trainer log-prob gap per token above which the guard fires",
+}
 
 
 def learning_rate(*, lr: float, schedule: str, warmup_steps: int, total_steps: int):

@@ -5,6 +5,8 @@ the policy's tokenizer (``Tokenizer.encode_prompt``, after ``prompt_template`` f
 use one), drops prompts longer than ``max_prompt_tokens``, and builds the policy: a Hugging Face
 checkpoint as loaded (``policy=/path``), or the character model sized to the prompts and
 demonstrations and SFT warm-started on the train split's demonstrations (cached by content).
+``character_model_config(cfg, log)`` gives that model's size alone (for export), without a model or
+a warm start.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class Setup(NamedTuple):
   max_new_tokens: int
 
 
-def build(cfg: RLConfig, log: Callable[[str], None]) -> Setup:
+def build(cfg: RLConfig, log: Callable[[str], None], *, progress: bool = True) -> Setup:
   task = task_base.get_task(cfg.task)(cfg)
   policy = None
   if cfg.policy:
@@ -43,9 +45,9 @@ def build(cfg: RLConfig, log: Callable[[str], None]) -> Setup:
   if cfg.eval_problems > len(records["test"]):
     log(f"eval_problems={cfg.eval_problems} exceeds the {len(records['test'])} {cfg.task} "
         f"test problems: evaluating all {len(records['test'])}")
-  tp = max(len(e) for split in ids.values() for e in split)
+  tp = _prompt_len(ids)
   if policy is None:
-    policy, max_new = _character_policy(cfg, records, tp, log)
+    policy, max_new = _character_policy(cfg, records, tp, log, progress)
   else:
     max_new = cfg.max_new_tokens
     if tp + max_new > policy.model_cfg.max_seq_len:
@@ -94,16 +96,43 @@ def _encode_prompts(cfg: RLConfig, task: Task, records: dict, tok, log):
   return out_records, ids
 
 
-def _character_policy(cfg: RLConfig, records: dict, tp: int, log) -> tuple[Policy, int]:
-  """The character model sized for prompts of ``tp`` tokens and the demonstrations, SFT
-  warm-started on the train split (cached under ``cache_dir`` by content)."""
+def _prompt_len(ids: dict) -> int:
+  """Tp: the longest encoded prompt over the splits."""
+  return max(len(e) for split in ids.values() for e in split)
+
+
+def _character_config(cfg: RLConfig, records: dict, tp: int) -> tuple[tfm.TransformerConfig, int]:
+  """(the character model's config, max_new_tokens) for prompts of ``tp`` tokens and the
+  demonstrations of ``records``."""
   tok = CharTokenizer()
   longest_demo = max(len(r["demo"]) for r in records["train"] + records["test"])
   max_new = cfg.max_new_tokens or longest_demo + 2
   model_kw = dict(DEFAULT_MODEL, **cfg.model)
   model_kw.setdefault("vocab_size", tok.vocab_size)
   model_kw["max_seq_len"] = max(model_kw["max_seq_len"], tp + longest_demo + 2, tp + max_new)
-  policy = Policy.character(tfm.TransformerConfig(**model_kw), seed=cfg.model_seed)
+  return tfm.TransformerConfig(**model_kw), max_new
+
+
+def character_model_config(cfg: RLConfig, log: Callable[[str], None]) -> tfm.TransformerConfig:
+  """The character model's config as ``build`` sizes it for ``cfg`` (a run without ``policy``).
+
+  Loads and encodes the task's records (``max_seq_len`` follows from the longest prompt and
+  demonstration); builds no model and runs no warm start.
+  """
+  if cfg.policy:
+    raise ValueError(f"the run uses the policy {cfg.policy}, not the character model")
+  task = task_base.get_task(cfg.task)(cfg)
+  records, ids = _encode_prompts(cfg, task, task.load(log), CharTokenizer(), log)
+  return _character_config(cfg, records, _prompt_len(ids))[0]
+
+
+def _character_policy(cfg: RLConfig, records: dict, tp: int, log,
+                      progress: bool = True) -> tuple[Policy, int]:
+  """The character model sized for prompts of ``tp`` tokens and the demonstrations, SFT
+  warm-started on the train split (cached under ``cache_dir`` by content)."""
+  tok = CharTokenizer()
+  model_cfg, max_new = _character_config(cfg, records, tp)
+  policy = Policy.character(model_cfg, seed=cfg.model_seed)
   if cfg.sft_steps == 0:
     return policy, max_new
   sft_cfg = sft.SFTConfig(steps=cfg.sft_steps, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
@@ -113,5 +142,6 @@ def _character_policy(cfg: RLConfig, records: dict, tp: int, log) -> tuple[Polic
   key = sft.cache_key(policy.model_cfg, sft_cfg, cfg.task, cfg.task_spec, cfg.num_train,
                       cfg.num_test, cfg.data_seed, cfg.model_seed, *dropped)
   model = policy.model()
-  sft.cached_sft(model, records["train"], tok, sft_cfg, cfg.cache_dir, key, log=log)
+  sft.cached_sft(model, records["train"], tok, sft_cfg, cfg.cache_dir, key, log=log,
+                 progress=progress)
   return Policy.from_model(model, tok), max_new

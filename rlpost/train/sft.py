@@ -3,6 +3,7 @@
 Each example is ``BOS prompt demo EOS`` (right-padded to L); the loss is next-token cross-entropy
 on the demonstration and its EOS only. The result is the policy every RL run starts from; it is
 cached on disk under a key derived from everything that determines it, so experiments reuse it.
+Training shows a progress bar with ETA (``rlpost.progress``) unless ``progress=False``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from rlpost import progress as progress_lib
 from rlpost.models import transformer as tfm
 from rlpost.tasks.tokenizer import CharTokenizer
 from rlpost.train import checkpoint
@@ -75,12 +77,13 @@ def sft_loss(model: tfm.Transformer, tokens: jax.Array, loss_mask: jax.Array) ->
 
 
 def train_sft(model: tfm.Transformer, rows: Sequence[dict], tok: CharTokenizer, cfg: SFTConfig,
-              *, log_every: int = 50, log=print, eval_rows: Sequence[dict] | None = None
-              ) -> tuple[nnx.State, list]:
+              *, log_every: int = 50, log=print, eval_rows: Sequence[dict] | None = None,
+              progress: bool = True) -> tuple[nnx.State, list]:
   """Train ``model`` in place on demonstrations; returns (params, history).
 
   history holds the training loss at each log step, or, with ``eval_rows``, dicts with the
-  held-out loss of the raw weights and of each average named in ``cfg.averaging``.
+  held-out loss of the raw weights and of each average named in ``cfg.averaging``. Those are
+  logged above a progress bar over the steps (``progress``).
   """
   tokens, mask = make_examples(rows, tok)
   tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
@@ -115,24 +118,29 @@ def train_sft(model: tfm.Transformer, rows: Sequence[dict], tok: CharTokenizer, 
     ev_tokens, ev_mask = (jnp.asarray(x) for x in make_examples(eval_rows, tok))
     eval_loss = jax.jit(lambda p: sft_loss(nnx.merge(graphdef, p), ev_tokens, ev_mask))
   history = []
-  for i in range(cfg.steps):
-    params, opt_state, loss = step(params, opt_state, jnp.int32(i))
-    if tracker is not None:
-      tracker.update(params)
-    if (i + 1) % log_every == 0 or i == cfg.steps - 1:
-      loss = float(loss)
-      if not np.isfinite(loss):
-        raise FloatingPointError(f"SFT loss became {loss} at step {i + 1}")
-      if eval_rows is None:
-        history.append(loss)
-        log(f"sft step {i + 1}/{cfg.steps}: loss {loss:.4f}")
-        continue
-      rec = {"step": i + 1, "train_loss": loss, "eval_loss": float(eval_loss(params))}
+  with progress_lib.bar(total=cfg.steps, desc="sft", unit="step", disable=not progress) as bar:
+    for i in range(cfg.steps):
+      params, opt_state, loss = step(params, opt_state, jnp.int32(i))
       if tracker is not None:
-        rec.update(tracker.evaluate(lambda p: {"eval_loss": float(eval_loss(p))}, params))
-      history.append(rec)
-      log(f"sft step {i + 1}/{cfg.steps}: " + ", ".join(
-          f"{k} {v:.4f}" for k, v in rec.items() if k != "step"))
+        tracker.update(params)
+      if progress:  # the bar's rate and ETA follow the computation, not the dispatch
+        loss.block_until_ready()
+      bar.update(1)
+      if (i + 1) % log_every == 0 or i == cfg.steps - 1:
+        loss = float(loss)
+        if not np.isfinite(loss):
+          raise FloatingPointError(f"SFT loss became {loss} at step {i + 1}")
+        bar.set_postfix(loss=f"{loss:.4f}")
+        if eval_rows is None:
+          history.append(loss)
+          rec = {"loss": loss}
+        else:
+          rec = {"step": i + 1, "train_loss": loss, "eval_loss": float(eval_loss(params))}
+          if tracker is not None:
+            rec.update(tracker.evaluate(lambda p: {"eval_loss": float(eval_loss(p))}, params))
+          history.append(rec)
+        progress_lib.message(bar, log, f"sft step {i + 1}/{cfg.steps}: " + ", ".join(
+            f"{k} {v:.4f}" for k, v in rec.items() if k != "step"))
   nnx.update(model, params)
   return params, history
 
@@ -145,7 +153,7 @@ def cache_key(*parts) -> str:
 
 
 def cached_sft(model: tfm.Transformer, rows: Sequence[dict], tok: CharTokenizer, cfg: SFTConfig,
-               cache_dir: str, key: str, *, log=print) -> nnx.State:
+               cache_dir: str, key: str, *, log=print, progress: bool = True) -> nnx.State:
   """Load the SFT policy from ``cache_dir/key`` if present, else train and save it there."""
   path = os.path.join(cache_dir, f"sft-{key}")
   like = nnx.state(model)
@@ -154,7 +162,7 @@ def cached_sft(model: tfm.Transformer, rows: Sequence[dict], tok: CharTokenizer,
     nnx.update(model, params)
     log(f"reusing cached SFT policy {path}")
     return params
-  params, _ = train_sft(model, rows, tok, cfg, log=log)
+  params, _ = train_sft(model, rows, tok, cfg, log=log, progress=progress)
   os.makedirs(cache_dir, exist_ok=True)
   checkpoint.save_params(path, params)
   log(f"saved SFT policy to {path}")

@@ -29,7 +29,7 @@ def env(tmp_path_factory):
 
 
 def cfg_dict(env, **kw) -> dict:
-  cfg = dict(task="math", task_spec=env["data"]["math"], policy=env["policy"], sft_steps=0,
+  cfg = dict(task="math", task_spec=env["data"]["math"], policy=env["policy"],
              max_new_tokens=8, num_prompts=2, group_size=2, steps=2, eval_problems=3,
              eval_samples=2, eval_batch=8, extra_stop_tokens=("<|im_end|>",))
   cfg.update(kw)
@@ -115,17 +115,23 @@ def test_policy_configuration_errors(env, tmp_path):
   with pytest.raises(FileNotFoundError, match=r"config key 'policy' \(.*bare\).*tokenizer.json"):
     make(env, policy=str(bare))
   # Architecture keys of `model` are not silently ignored; dtype and max_seq_len apply.
-  with pytest.raises(ValueError, match=r"config key 'model': \['hidden_size'\] cannot be set "
-                                       r"when 'policy' is set.*config.json"):
+  with pytest.raises(ValueError, match=r"config key 'model' cannot set \['hidden_size'\] "
+                                       r"\(the architecture comes from .*config.json"):
     make(env, model={"hidden_size": 64, "dtype": "bfloat16"})
   with pytest.raises(ValueError, match="config key 'model': dtype must be 'float32'"):
     make(env, model={"dtype": "fp8"})
   tr = make(env, model={"dtype": "bfloat16", "max_seq_len": 200})
   assert tr.model_cfg.dtype == "bfloat16" and tr.model_cfg.max_seq_len == 200
-  with pytest.raises(ValueError, match="'sft_steps': must be 0 with a policy"):
+  assert make(env).cfg.sft_steps == 0  # unset: follows from the policy
+  with pytest.raises(ValueError, match="config key 'sft_steps' must be 0 .got 10."):
     make(env, sft_steps=10)
-  with pytest.raises(ValueError, match="'max_new_tokens': must be set"):
+  with pytest.raises(ValueError, match="config key 'max_new_tokens' must be set"):
     make(env, max_new_tokens=0)
+  # Every key the policy path needs is named in one message, before any work.
+  with pytest.raises(ValueError, match=r"3 config keys need changing: \(1\) config key "
+                                       r"'sft_steps'.*\(2\) config key 'max_new_tokens'.*"
+                                       r"\(3\) config key 'model' cannot set \['num_layers'\]"):
+    make(env, sft_steps=10, max_new_tokens=0, model={"num_layers": 2})
   # A task with an in-JAX reward on character ids is scored on the host with other tokenizers.
   tr = make(env, task="arithmetic", task_spec={}, num_train=20, num_test=4,
             data_dir=str(env["root"] / "tfds"))

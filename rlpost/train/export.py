@@ -1,0 +1,225 @@
+"""A run's checkpoint (or a weight average of its checkpoints) as a Hugging Face directory.
+
+    export_run("runs/x", "exports/x")                                  # the latest checkpoint
+    export_run("runs/x", "exports/x", step=200)
+    export_run("runs/x", "exports/x", average="lawa:k=5,every=100")    # rlpost.averaging spec
+
+The directory holds config.json, model.safetensors, the tokenizer files and ``export.json``
+(where the weights came from), so ``transformers.AutoModelForCausalLM.from_pretrained`` and
+``AutoTokenizer.from_pretrained`` load it:
+
+  policy run      (``policy=PATH`` in the run's config): the source checkpoint's architecture, its
+                  bos / eos / pad ids (``hf.special_token_ids``) and its tokenizer files
+                  (``hf.TOKENIZER_FILES``: tokenizer.json, tokenizer_config.json, ...,
+                  generation_config.json) copied from PATH, which must still exist;
+  character run   the built-in model as a Llama model (a Qwen2 one with ``qkv_bias``), sized as
+                  the run sized it (``setup.character_model_config``, which reads the task's
+                  records), with its ``CharTokenizer`` as a WordLevel tokenizer.json
+                  (``hf.write_char_tokenizer``) and a generation_config.json; pad 0, bos 1, eos 2.
+
+``plan_export`` checks every input before any array is read or anything is written; its errors
+are one line (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError). Parameters are
+read alone from the run's checkpoints (``averaging.CheckpointSource``: an orbax partial restore,
+each leaf checked against its checksum) and the directory is written beside ``out`` and renamed
+into place (``hf.save_pretrained``), so an interrupted export leaves nothing at ``out``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import jax
+from flax import nnx
+
+from rlpost import averaging
+from rlpost.models import hf
+from rlpost.models import transformer as tfm
+from rlpost.tasks.tokenizer import CharTokenizer
+from rlpost.train import config as config_lib
+from rlpost.train import setup
+from rlpost.train.rl_config import RLConfig
+
+CONFIG_FILE = "config.json"
+CHECKPOINTS = "checkpoints"
+INFO_FILE = "export.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportPlan:
+  """What ``export_run`` reads and writes, every input checked.
+
+  Attributes:
+    run_dir: the run directory (absolute).
+    out: the directory to write (absolute).
+    config: the run's config.json (a dict).
+    plan: the checkpoints read and their weights (one step with weight 1, or an average).
+    average: the averaging spec, or None for one checkpoint.
+    replace: ``out`` exists (empty, or ``overwrite`` was given) and is replaced.
+  """
+
+  run_dir: str
+  out: str
+  config: dict
+  plan: averaging.Plan
+  average: str | None
+  replace: bool
+
+  @property
+  def checkpoints(self) -> str:
+    return os.path.join(self.run_dir, CHECKPOINTS)
+
+  @property
+  def policy(self) -> str:
+    """The run's Hugging Face policy directory ("" for the character model)."""
+    return self.config.get("policy") or ""
+
+
+def plan_export(run_dir: str, out: str, *, step: int | None = None, average: str | None = None,
+                overwrite: bool = False) -> ExportPlan:
+  """Check an export's inputs; reads only small JSON files and directory listings.
+
+  Args:
+    run_dir: a run directory (``rlpost.train.loop.run``): config.json and checkpoints/.
+    out: the Hugging Face directory to create; an existing non-empty one only with ``overwrite``.
+    step: the checkpoint to export (default: the latest complete one).
+    average: an ``rlpost.averaging`` spec (``averaging.plan_from_spec``) to export the average of
+      the run's checkpoints instead; excludes ``step``.
+    overwrite: replace a non-empty ``out``.
+
+  Raises ValueError / FileNotFoundError / FileExistsError / NotADirectoryError with one line
+  naming the input: both ``step`` and ``average``, a ``run_dir`` that is not a run (the missing
+  file), a ``step`` without a checkpoint (listing those there are), a bad spec, an ``out`` that
+  is a file, is not empty, or would hold the run itself, or a policy directory that is gone.
+  """
+  if step is not None and average is not None:
+    raise ValueError("--step and --average exclude each other: export one checkpoint or an "
+                     "average of several")
+  run_dir = os.path.abspath(run_dir)
+  if not os.path.isdir(run_dir):
+    what = "is a file" if os.path.exists(run_dir) else "does not exist"
+    raise (NotADirectoryError if os.path.exists(run_dir) else FileNotFoundError)(
+        f"run directory {run_dir} {what}")
+  config = _read_run_config(run_dir)
+  ckpt_dir = os.path.join(run_dir, CHECKPOINTS)
+  if not os.path.isdir(ckpt_dir):
+    raise FileNotFoundError(f"{run_dir} is not a run directory: it has no {CHECKPOINTS}/")
+  steps = averaging.list_steps(ckpt_dir)
+  if not steps:
+    raise FileNotFoundError(f"{ckpt_dir} holds no complete checkpoint")
+  if average is not None:
+    plan = averaging.plan_from_spec(average, steps)
+  else:
+    if step is None:
+      step = steps[-1]
+    elif step not in steps:
+      raise ValueError(f"no checkpoint at step {step} in {ckpt_dir}; available steps: "
+                       f"{', '.join(map(str, steps))}")
+    plan = averaging.plan_uniform([step], method="step")
+  replace = _check_out(os.path.abspath(out), run_dir, overwrite)
+  policy = config.get("policy") or ""
+  if policy and not os.path.isfile(os.path.join(policy, hf.CONFIG_NAME)):
+    raise FileNotFoundError(f"the run's policy {policy} has no {hf.CONFIG_NAME} (moved or "
+                            "deleted?); the export needs its config and tokenizer files")
+  return ExportPlan(run_dir, os.path.abspath(out), config, plan, average, replace)
+
+
+def _read_run_config(run_dir: str) -> dict:
+  path = os.path.join(run_dir, CONFIG_FILE)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{run_dir} is not a run directory: it has no {CONFIG_FILE}")
+  return hf.read_json(path)
+
+
+def _check_out(out: str, run_dir: str, overwrite: bool) -> bool:
+  """Whether ``out`` exists and is to be replaced; raises if it must not be touched."""
+  if run_dir == out or run_dir.startswith(out.rstrip(os.sep) + os.sep):
+    raise ValueError(f"--out {out} holds the run {run_dir}; choose another directory")
+  if not os.path.exists(out):
+    return False
+  if not os.path.isdir(out):
+    raise NotADirectoryError(f"--out {out} is a file")
+  if os.listdir(out) and not overwrite:
+    raise FileExistsError(f"--out {out} exists and is not empty; pass --overwrite to replace it")
+  return True
+
+
+def model_config(plan: ExportPlan, log: Callable[[str], None] = print
+                 ) -> tuple[tfm.TransformerConfig, str]:
+  """(the run's model config, its Hugging Face architecture "qwen2" or "llama").
+
+  A policy run's model is its source config.json's, in the run's parameter dtype; the character
+  model is sized as the run sized it (the task's records are read for its ``max_seq_len``).
+  """
+  if plan.policy:
+    model = plan.config.get("model") or {}
+    source = hf.read_json(os.path.join(plan.policy, hf.CONFIG_NAME))
+    cfg = hf.config_from_hf(source, dtype=model.get("dtype", "float32"),
+                            param_dtype=model.get("param_dtype"))
+  else:
+    run_cfg = config_lib.from_dict(RLConfig, plan.config,
+                                   where=os.path.join(plan.run_dir, CONFIG_FILE))
+    cfg = setup.character_model_config(run_cfg, log)
+  return cfg, "qwen2" if cfg.qkv_bias else "llama"
+
+
+def load_model(plan: ExportPlan, cfg: tfm.TransformerConfig, *,
+               progress: bool = False) -> tfm.Transformer:
+  """The model of ``cfg`` with the planned checkpoint's (or average's) parameters.
+
+  Reads the parameter leaves alone (the count the run loop declares in each checkpoint) and
+  checks them against the model's leaves, shape and dtype, naming the first that differs.
+  """
+  abstract = nnx.eval_shape(lambda: tfm.Transformer(cfg, rngs=nnx.Rngs(0)))
+  graphdef, abstract_state = nnx.split(abstract)
+  want, treedef = jax.tree.flatten(abstract_state)
+  with averaging.CheckpointSource(plan.checkpoints, keys="auto") as src:
+    got = src.validate([s for s, w in zip(plan.plan.items, plan.plan.weights) if w != 0])
+    if len(src.keys) != len(want):
+      raise ValueError(f"the checkpoints in {plan.checkpoints} hold {len(src.keys)} parameter "
+                       f"arrays but the model rebuilt from the run's config has {len(want)}")
+    for k, x in zip(src.keys, want):
+      if got[k] != (tuple(x.shape), x.dtype):
+        raise ValueError(f"checkpoint parameter {k} is {got[k][1]}{list(got[k][0])} but the "
+                         f"model rebuilt from the run's config expects {x.dtype}{list(x.shape)}")
+    values = averaging.average(src.load, plan.plan, progress=progress)
+  leaves = [values[k].astype(x.dtype) for k, x in zip(src.keys, want)]
+  return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+
+
+def export_run(run_dir: str, out: str, *, step: int | None = None, average: str | None = None,
+               overwrite: bool = False, log: Callable[[str], None] = print,
+               progress: bool = False) -> Path:
+  """Write a run's checkpoint ``step`` (default the latest), or the ``average`` of its
+  checkpoints, to ``out`` as a Hugging Face directory (see the module docstring); returns
+  ``out``. Arguments as in ``plan_export``."""
+  plan = plan_export(run_dir, out, step=step, average=average, overwrite=overwrite)
+  cfg, arch = model_config(plan, log)
+  model = load_model(plan, cfg, progress=progress)
+  info = {"run_dir": plan.run_dir, "average": plan.average, "plan": plan.plan.to_json(),
+          "architecture": arch, "policy": plan.policy or None}
+  with tempfile.TemporaryDirectory(prefix="rlpost-export-") as staging:
+    files = [Path(staging) / INFO_FILE]
+    with open(files[0], "w") as f:
+      json.dump(info, f, indent=2, sort_keys=True)
+    if plan.policy:
+      hf.save_pretrained(model, plan.out, architecture=arch, source=plan.policy,
+                         extra_files=files, overwrite=plan.replace)
+    else:
+      tok = CharTokenizer()
+      files += hf.write_char_tokenizer(tok, staging, model_max_length=cfg.max_seq_len)
+      ids = dict(bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
+      files.append(Path(staging) / "generation_config.json")
+      with open(files[-1], "w") as f:
+        json.dump(ids, f, indent=2, sort_keys=True)
+      hf.save_pretrained(model, plan.out, architecture=arch, extra_files=files,
+                         overwrite=plan.replace, **ids)
+  what = (f"the {plan.average} average of steps {list(plan.plan.items)}" if plan.average
+          else f"step {plan.plan.items[0]}")
+  log(f"exported {what} of {plan.run_dir} ({arch}, {cfg.num_params() / 1e6:.2f}M parameters) "
+      f"to {plan.out}")
+  return Path(plan.out)
