@@ -79,6 +79,9 @@ __all__ = [
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "kl_abs",
+    "kl_k1_plus",
+    "kl_k3_plus",
     "kl_estimate",
     "token_entropy",
     "aggregate",
@@ -99,7 +102,7 @@ __all__ = [
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_sum_const_len")
 RATIO_LEVELS = ("token", "sequence", "sequence_token", "prefix")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_ESTIMATORS = ("k1", "k2", "k3", "abs", "k1+", "k2+", "k3+")
 
 
 def _broadcast_adv(advantages: jax.Array, like: jax.Array) -> jax.Array:
@@ -207,12 +210,42 @@ def kl_k3(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
   return jnp.clip(jnp.exp(neg_d) - neg_d - 1.0, -10.0, 10.0)
 
 
+def kl_abs(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
+  """|d| = |logp - ref_logp| (verl "abs"), with gradient sign(d): 0 at d = 0, as torch's
+  ``abs`` (``jnp.abs`` would give 1). Shapes [B, T] float32 -> [B, T]."""
+  d = kl_k1(logp, ref_logp)
+  return d * jax.lax.stop_gradient(jnp.sign(d))
+
+
+def _k2_gradient(value_fn):
+  """The estimator with ``value_fn``'s value and k2's gradient (verl's "+" forms, 0.9.1):
+  ``k2 - sg[k2] + sg[value]``. k1 and k3 are unbiased for the KL's value but their expected
+  gradient is not the KL's; k2's gradient d is."""
+
+  def fn(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
+    k2 = kl_k2(logp, ref_logp)
+    return k2 - jax.lax.stop_gradient(k2) + jax.lax.stop_gradient(value_fn(logp, ref_logp))
+
+  fn.__name__ = f"{value_fn.__name__}_plus"
+  fn.__doc__ = (f"``{value_fn.__name__}``'s value with k2's gradient d = logp - ref_logp "
+                "(verl's straight-through '+' form). Shapes [B, T] float32 -> [B, T].")
+  return fn
+
+
+kl_k1_plus = _k2_gradient(kl_k1)
+kl_k3_plus = _k2_gradient(kl_k3)
+
+# verl 0.9.1 ``kl_penalty`` names; "k2+" is k2 itself (as in verl, the "+" changes nothing).
+_KL_FNS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "abs": kl_abs, "k1+": kl_k1_plus,
+           "k2+": kl_k2, "k3+": kl_k3_plus}
+
+
 def kl_estimate(logp: jax.Array, ref_logp: jax.Array, *, estimator: str) -> jax.Array:
-  """Dispatches "k1", "k2" or "k3" -> [B, T] float32 per-token KL estimates."""
-  fns = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
-  if estimator not in fns:
-    raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {sorted(fns)}")
-  return fns[estimator](logp, ref_logp)
+  """Dispatches an estimator name of ``KL_ESTIMATORS`` -> [B, T] float32 per-token KL
+  estimates."""
+  if estimator not in _KL_FNS:
+    raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {sorted(_KL_FNS)}")
+  return _KL_FNS[estimator](logp, ref_logp)
 
 
 def token_entropy(logits: jax.Array) -> jax.Array:
@@ -279,7 +312,8 @@ class PolicyLossConfig:
     aggregation: "token_mean", "seq_mean_token_mean" or "seq_sum_const_len".
     max_length: L_max for "seq_sum_const_len".
     kl_coef: coefficient of the KL-to-reference term (0 disables it; needs ``ref_logp``).
-    kl_estimator: "k1", "k2" or "k3".
+    kl_estimator: one of ``KL_ESTIMATORS``: "k1", "k2", "k3", "abs", or a "+" form ("k1+",
+      "k3+": the value of k1 / k3 with k2's gradient, verl 0.9.1; "k2+" is k2).
     entropy_coef: coefficient of the entropy bonus (0 disables it; needs ``entropy``).
     tis_cap: truncated-importance-sampling cap C for sampler/trainer mismatch, or None
       (needs both ``current_logp`` and ``behaviour_logp``).

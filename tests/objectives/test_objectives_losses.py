@@ -123,6 +123,32 @@ def test_kl_estimators(variant):
     O.kl_estimate(d, ref, estimator="k4")
 
 
+@VARIANTS
+def test_verl_abs_and_plus_estimators_values_and_gradients(variant):
+  """verl 0.9.1 ``kl_penalty``: "abs" = |d|; "k1+" / "k3+" take k1's / k3's value and k2's
+  gradient d = logp - ref (straight through); "k2+" is k2. Hand values at d = 0.5, -0.3, 0, -15."""
+  ref = np.zeros((1, 4), np.float32)
+  d = np.array([[0.5, -0.3, 0.0, -15.0]], np.float32)
+  k3 = np.exp(-d) + d - 1
+  k3[0, 3] = 10.0
+  want = {"abs": np.abs(d), "k1+": d, "k2+": d**2 / 2, "k3+": k3}
+  grads = {"abs": np.sign(d), "k1+": d, "k2+": d, "k3+": d}
+  assert set(O.KL_ESTIMATORS) == {"k1", "k2", "k3", *want}
+  for est in want:
+    value = variant(lambda lp, r, e=est: O.kl_estimate(lp, r, estimator=e))(d, ref)
+    np.testing.assert_allclose(value, want[est], rtol=1e-5, err_msg=est)
+    g = variant(jax.grad(lambda lp, e=est: O.kl_estimate(lp, jnp.asarray(ref), estimator=e).sum()))(
+        jnp.asarray(d))
+    np.testing.assert_allclose(g, grads[est], rtol=1e-6, err_msg=est)
+    gr = jax.grad(lambda r, e=est: O.kl_estimate(jnp.asarray(d), r, estimator=e).sum())(
+        jnp.asarray(ref))
+    np.testing.assert_array_equal(gr, 0.0)  # the reference carries no gradient
+  # k3's own gradient 1 - exp(-d) differs from k3+'s d (at d = -15 k3 is clamped: gradient 0).
+  g3 = jax.grad(lambda lp: O.kl_k3(lp, jnp.asarray(ref)).sum())(jnp.asarray(d))
+  np.testing.assert_allclose(g3[0, :3], 1 - np.exp(-d[0, :3]), rtol=1e-6)
+  assert g3[0, 3] == 0.0
+
+
 def test_k3_gradient_sign_pulls_towards_reference():
   ref = jnp.zeros((1, 3))
   logp = jnp.array([[0.4, -0.4, 0.0]])
