@@ -79,6 +79,7 @@ __all__ = [
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "geo_mean_policy_term",
     "kl_abs",
     "kl_k1_plus",
     "kl_k3_plus",
@@ -101,7 +102,7 @@ __all__ = [
 ]
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_sum_const_len")
-RATIO_LEVELS = ("token", "sequence", "sequence_token", "prefix")
+RATIO_LEVELS = ("token", "sequence", "sequence_token", "prefix", "geo_mean")
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs", "k1+", "k2+", "k3+")
 
 
@@ -306,7 +307,9 @@ class PolicyLossConfig:
 
   Attributes:
     ratio: importance-ratio level: "token" (PPO/GRPO/DAPO), "sequence" (GSPO),
-      "sequence_token" (GSPO-token) or "prefix" (PNPO).
+      "sequence_token" (GSPO-token), "prefix" (PNPO) or "geo_mean" (GMPO: the geometric mean
+      of token ratios clipped in log space, :func:`geo_mean_policy_term`; it needs
+      aggregation "seq_mean_token_mean" and no dual clip).
     eps_low, eps_high: PPO clip ranges.
     dual_clip: dual-clip constant c (> 1) or None.
     aggregation: "token_mean", "seq_mean_token_mean" or "seq_sum_const_len".
@@ -348,6 +351,11 @@ class PolicyLossConfig:
       )
     if self.eps_low < 0 or self.eps_high < 0:
       raise ValueError("clip ranges eps_low and eps_high must be >= 0")
+    if self.ratio == "geo_mean" and (self.aggregation != "seq_mean_token_mean"
+                                     or self.dual_clip is not None):
+      raise ValueError("ratio 'geo_mean' (GMPO) is a per-sequence loss: it needs aggregation "
+                       f"'seq_mean_token_mean' and no dual clip (got {self.aggregation!r}, "
+                       f"dual_clip {self.dual_clip})")
     if self.dual_clip is not None and self.dual_clip <= 1.0:
       raise ValueError(f"dual_clip must be > 1 or None, got {self.dual_clip}")
     if self.tis_cap is not None and self.tis_cap <= 0:
@@ -511,6 +519,62 @@ def policy_gradient_term(
   return Term(values=pg, metrics=metrics, report="pg_loss")
 
 
+def geo_mean_policy_term(
+    logp: jax.Array,
+    old_logp: jax.Array,
+    advantages: jax.Array,
+    token_mask: jax.Array,
+    *,
+    eps_low: float,
+    eps_high: float,
+    max_log_ratio: Optional[float] = None,
+) -> Term:
+  """GMPO's policy term (Zhao et al. 2025, "Geometric-Mean Policy Optimization"; verl 0.9.1
+  ``compute_policy_loss_geo_mean``): the geometric mean of token ratios, each clipped in log
+  space on the side its advantage's sign makes pessimistic.
+
+      d_t = logp_t - old_t,   c_t = clip(d_t, -eps_low, eps_high),   s_t = sign(A_t)
+      m_t = s_t * min(s_t d_t, s_t c_t)
+      L_b = -mean_t(A_t) * exp(mean_t m_t)          (means over the row's valid tokens)
+
+  The row loss L_b is written on each of its valid tokens, so aggregation
+  "seq_mean_token_mean" gives verl's mean over rows. Deviation: d_t is first clamped to
+  +-``max_log_ratio`` (None: 20, as the token ratios here), against overflow; verl does not.
+
+  Args:
+    logp: [B, T] float32 current log-probs (differentiable).
+    old_logp: [B, T] float32 pi_old log-probs (stop-gradient).
+    advantages: [B] or [B, T] float32 (stop-gradient).
+    token_mask: [B, T] bool valid tokens.
+    eps_low, eps_high: the log-space clip range (GMPO: 0.4 and 0.4).
+    max_log_ratio: clamp of d_t.
+
+  Returns:
+    Term(values [B, T], metrics "ratio" (the row's geometric-mean ratio on its tokens),
+    "clip_frac_low" (clipped tokens with A < 0), "clip_frac_high" (with A > 0); report
+    "pg_loss").
+  """
+  m = token_mask
+  a = jnp.where(m, _broadcast_adv(advantages, logp), 0.0)
+  limit = 20.0 if max_log_ratio is None else max_log_ratio
+  d = jnp.clip(jnp.where(m, logp - jax.lax.stop_gradient(old_logp), 0.0), -limit, limit)
+  c = jnp.clip(d, -eps_low, eps_high)
+  sgn = jnp.sign(a)
+  d_min = sgn * jnp.minimum(sgn * d, sgn * c)
+  n = jnp.sum(m, axis=-1, dtype=jnp.float32)
+  seq_log_ratio = safe_divide(jnp.sum(jnp.where(m, d_min, 0.0), axis=-1), n)
+  seq_adv = safe_divide(jnp.sum(a, axis=-1), n)
+  row_loss = -seq_adv * jnp.exp(seq_log_ratio)
+  clipped = jax.lax.stop_gradient(m & (d != c))
+  ratio = jax.lax.stop_gradient(jnp.exp(seq_log_ratio))
+  return Term(
+      values=jnp.where(m, row_loss[:, None], 0.0),
+      metrics={"ratio": jnp.broadcast_to(ratio[:, None], m.shape),
+               "clip_frac_low": clipped & (a < 0), "clip_frac_high": clipped & (a > 0)},
+      report="pg_loss",
+  )
+
+
 def truncated_importance_term(
     term: Term,
     current_logp: jax.Array,
@@ -587,17 +651,13 @@ def policy_terms(x: LossInputs, batch: RolloutBatch, *, config: PolicyLossConfig
   Returns:
     A tuple of Terms.
   """
-  pg = policy_gradient_term(
-      x.logp,
-      x.old_logp,
-      x.advantages,
-      x.token_mask,
-      ratio=config.ratio,
-      eps_low=config.eps_low,
-      eps_high=config.eps_high,
-      dual_clip=config.dual_clip,
-      max_log_ratio=config.max_log_ratio,
-  )
+  clip = dict(eps_low=config.eps_low, eps_high=config.eps_high,
+              max_log_ratio=config.max_log_ratio)
+  if config.ratio == "geo_mean":
+    pg = geo_mean_policy_term(x.logp, x.old_logp, x.advantages, x.token_mask, **clip)
+  else:
+    pg = policy_gradient_term(x.logp, x.old_logp, x.advantages, x.token_mask,
+                              ratio=config.ratio, dual_clip=config.dual_clip, **clip)
   if config.tis_cap is not None:
     batch.require("current_logp", "behaviour_logp")
     pg = truncated_importance_term(

@@ -52,6 +52,7 @@ __all__ = [
     "dapo",
     "gspo",
     "gspo_token",
+    "gmpo",
     "pnpo",
     "rloo",
     "mc_grpo",
@@ -138,6 +139,23 @@ def grpo(*, std_eps: float = 1e-6, ddof: int = 1, signflip_prob: float = 0.0) ->
   """
   parts = _grpo_parts(std_eps=std_eps, ddof=ddof)
   return parts._replace(post=parts.post + _flips(signflip_prob)).build("grpo")
+
+
+def gmpo(*, std_eps: float = 1e-6, ddof: int = 1) -> Recipe:
+  """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv 2507.20673).
+
+  GRPO advantages; the loss -A_i * exp(mean_t m_t), the geometric mean of token ratios each
+  clipped in log space to [-0.4, 0.4] on its advantage's pessimistic side
+  (:func:`rlpost.objectives.losses.geo_mean_policy_term`); mean over sequences; no KL, no
+  entropy bonus.
+
+  Official code: callsys/GMPO; verl ``compute_policy_loss_geo_mean`` (``loss_mode=geo_mean``
+  with ``clip_ratio_low = clip_ratio_high = 0.4``, ``use_kl_loss=False``, as its GMPO example).
+  """
+  parts = _grpo_parts(std_eps=std_eps, ddof=ddof)
+  loss = dataclasses.replace(parts.loss, ratio="geo_mean", eps_low=0.4, eps_high=0.4,
+                             kl_coef=0.0)
+  return parts._replace(loss=loss).build("gmpo")
 
 
 def _dr_grpo_parts(*, max_length: int) -> _Parts:
@@ -501,6 +519,7 @@ for _name, _factory in (
     ("dapo", dapo),
     ("gspo", gspo),
     ("gspo_token", gspo_token),
+    ("gmpo", gmpo),
     ("pnpo", pnpo),
     ("rloo", rloo),
     ("mc_grpo", mc_grpo),

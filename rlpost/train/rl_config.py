@@ -284,8 +284,8 @@ HELP = {
     "sft_batch_size": "SFT warm-start batch size",
     "sft_lr": "SFT warm-start learning rate",
     "cache_dir": "where SFT warm-start policies are cached (keyed by their config)",
-    "recipe": "the objective: grpo, dr_grpo, dapo, gspo, pnpo, rloo, mc_grpo, ace, dars, ... "
-              "(rlpost.objectives.list_recipes)",
+    "recipe": "the objective: grpo, dr_grpo, dapo, gspo, gmpo, pnpo, rloo, mc_grpo, ace, dars, "
+              "... (rlpost.objectives.list_recipes)",
     "recipe_args": "the recipe's own arguments, e.g. {'alpha': 0.5} for ace",
     "num_prompts": "prompts per RL step",
     "group_size": "rollouts per prompt (G)",

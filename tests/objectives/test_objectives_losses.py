@@ -149,6 +149,38 @@ def test_verl_abs_and_plus_estimators_values_and_gradients(variant):
   assert g3[0, 3] == 0.0
 
 
+@VARIANTS
+def test_geo_mean_policy_term_hand_values_and_gradients(variant):
+  """GMPO by hand, eps 0.4. Row 0 (A = +1): d = (0.5, -0.1, 0.0) -> m = min(d, clip d) =
+  (0.4, -0.1, 0.0), ratio e^0.1, loss -e^0.1; the clipped token gets no gradient, the others
+  -e^0.1 / 3. Row 1 (A = -1): d = (0.5, -0.6) -> m = max(d, clip d) = (0.5, -0.4), ratio
+  e^0.05, loss +e^0.05; token 0 (unclipped, pessimistic side) gets +e^0.05 / 2, the clipped
+  token 1 none. The batch loss is the mean of the two rows."""
+  old = jnp.zeros((2, 3))
+  logp = jnp.array([[0.5, -0.1, 0.0], [0.5, -0.6, 9.0]])
+  mask = jnp.array([[True, True, True], [True, True, False]])
+  adv = jnp.array([1.0, -1.0])
+
+  def loss(lp):
+    term = O.geo_mean_policy_term(lp, old, adv, mask, eps_low=0.4, eps_high=0.4)
+    parts = O.aggregate(term.values, mask, jnp.ones(2), mode="seq_mean_token_mean")
+    return O.finalize(parts), term
+
+  (value, term), grad = variant(jax.value_and_grad(loss, has_aux=True))(logp)
+  e1, e05 = np.exp(0.1), np.exp(0.05)
+  np.testing.assert_allclose(term.values, [[-e1, -e1, -e1], [e05, e05, 0.0]], rtol=1e-6)
+  np.testing.assert_allclose(value, (-e1 + e05) / 2, rtol=1e-5)  # a float32 difference
+  np.testing.assert_allclose(grad, [[0.0, -e1 / 6, -e1 / 6], [e05 / 4, 0.0, 0.0]], rtol=1e-6,
+                             atol=1e-7)
+  np.testing.assert_allclose(term.metrics["ratio"][:, 0], [e1, e05], rtol=1e-6)
+  np.testing.assert_array_equal(term.metrics["clip_frac_high"], [[1, 0, 0], [0, 0, 0]])
+  np.testing.assert_array_equal(term.metrics["clip_frac_low"], [[0, 0, 0], [1, 1, 0]])
+  with pytest.raises(ValueError, match="'geo_mean' .GMPO. is a per-sequence loss"):
+    O.PolicyLossConfig(ratio="geo_mean", aggregation="token_mean")
+  gmpo = O.get_recipe("gmpo").loss_config
+  assert (gmpo.ratio, gmpo.eps_low, gmpo.eps_high, gmpo.kl_coef) == ("geo_mean", 0.4, 0.4, 0.0)
+
+
 def test_k3_gradient_sign_pulls_towards_reference():
   ref = jnp.zeros((1, 3))
   logp = jnp.array([[0.4, -0.4, 0.0]])

@@ -8,7 +8,9 @@ follows the formulas of verl (``verl/trainer/ppo/core_algos.py``):
   [-20, 20];
 * ``compute_policy_loss_gspo``: ``log s_{i,t} = logp - sg[logp] + sg[mean_t(logp - old)]``,
   clamped at 10;
-* ``kl_penalty``: ``kl`` (k1), ``mse`` (k2), ``low_var_kl`` (k3, clamped to [-10, 10]);
+* ``kl_penalty`` (0.9.1): ``kl`` (k1), ``mse`` (k2), ``low_var_kl`` (k3, clamped to [-10, 10]),
+  ``abs``, and the straight-through ``k1+`` / ``k3+`` (the value with k2's gradient);
+* ``compute_policy_loss_geo_mean`` (GMPO): the geometric mean of log-space-clipped token ratios;
 * ``agg_loss``: ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum-norm`` with a
   constant length (TRL's ``dr_grpo`` normalisation).
 
@@ -48,12 +50,35 @@ def ref_grpo_advantages(rewards, group_id, valid, eps):
 
 
 def ref_kl(logp, ref, kind):
-  if kind == "k1":
-    return logp - ref
-  if kind == "k2":
-    return 0.5 * (logp - ref) ** 2
-  kl = torch.clamp(ref - logp, -20.0, 20.0)
-  return torch.clamp(torch.exp(kl) - kl - 1, -10.0, 10.0)
+  base = kind[:-1] if kind.endswith("+") else kind
+  if base == "k1":
+    value = logp - ref
+  elif base == "abs":
+    value = (logp - ref).abs()
+  elif base == "k2":
+    value = 0.5 * (logp - ref) ** 2
+  else:
+    kl = torch.clamp(ref - logp, -20.0, 20.0)
+    value = torch.clamp(torch.exp(kl) - kl - 1, -10.0, 10.0)
+  if not kind.endswith("+") or base == "k2":
+    return value
+  k2 = 0.5 * (logp - ref) ** 2  # verl 0.9.1: k2's gradient, the estimator's value
+  return k2 - k2.detach() + value.detach()
+
+
+def ref_geo_mean_rows(logp, old, adv, mask, *, eps_low, eps_high):
+  """GMPO (verl ``compute_policy_loss_geo_mean``): one loss per sequence, in a list each."""
+  out = []
+  for i in range(logp.shape[0]):
+    toks = [t for t in range(logp.shape[1]) if mask[i, t]]
+    s = torch.sign(adv[i])
+    m = []
+    for t in toks:
+      d = logp[i, t] - old[i, t]
+      m.append(s * torch.minimum(s * d, s * torch.clamp(d, -eps_low, eps_high)))
+    ratio = torch.exp(sum(m) / len(toks))
+    out.append([-adv[i] * ratio])
+  return out
 
 
 def ref_token_losses(logp, old, adv, mask, *, ratio_kind, eps_low, eps_high, clip_c):
@@ -110,16 +135,19 @@ def ref_loss(
   old = torch.tensor(old_np, dtype=F64)
   ref = torch.tensor(ref_np, dtype=F64)
   adv = torch.tensor(adv_np, dtype=F64)
-  rows = ref_token_losses(
-      logp,
-      old,
-      adv,
-      mask_np,
-      ratio_kind=ratio_kind,
-      eps_low=eps_low,
-      eps_high=eps_high,
-      clip_c=clip_c,
-  )
+  if ratio_kind == "geo_mean":
+    rows = ref_geo_mean_rows(logp, old, adv, mask_np, eps_low=eps_low, eps_high=eps_high)
+  else:
+    rows = ref_token_losses(
+        logp,
+        old,
+        adv,
+        mask_np,
+        ratio_kind=ratio_kind,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        clip_c=clip_c,
+    )
   loss = ref_aggregate(rows, mode, max_length)
   if kl_coef:
     kl_rows = [
@@ -223,6 +251,19 @@ LOSS_CASES = {
             kl_kind="k2",
         ),
     ),
+    "gmpo": (
+        O.get_recipe("gmpo").loss_config,
+        dict(ratio_kind="geo_mean", eps_low=0.4, eps_high=0.4, clip_c=None,
+             mode="seq_mean_token_mean"),
+    ),
+    **{
+        f"grpo_{kind}": (
+            O.PolicyLossConfig(kl_coef=0.1, kl_estimator=kind),
+            dict(ratio_kind="token", eps_low=0.2, eps_high=0.2, clip_c=None,
+                 mode="seq_mean_token_mean", kl_coef=0.1, kl_kind=kind),
+        )
+        for kind in ("abs", "k1+", "k3+")
+    },
     "grpo_k3": (
         O.PolicyLossConfig(kl_coef=0.04, kl_estimator="k3"),
         dict(
