@@ -233,7 +233,12 @@ def _linear(layer: nnx.Linear, x: jax.Array) -> jax.Array:
   everything fused into it (the SwiGLU gradient), into a transposed layout: a strided loop
   that cost ~3x the model's whole forward pass (BENCHMARKS.md, "Train").
   """
-  return layer(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
+  x2 = x.reshape(-1, x.shape[-1])
+  y = layer(x2)
+  adapter = getattr(layer, "lora", None)
+  if adapter is not None:  # a low-rank adapter attached by ``rlpost.models.lora.apply``
+    y = y + adapter(x2).astype(y.dtype)
+  return y.reshape(*x.shape[:-1], -1)
 
 
 class Attention(nnx.Module):
