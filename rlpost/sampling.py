@@ -307,9 +307,7 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens: jax.Array,
       0, logits, done0, jnp.full((b, n), pad, jnp.int32), zeros_f, zeros_f, done0)
 
   # RoPE cos/sin of every position a decode step can feed, computed once; a step gathers its row.
-  mcfg = model.cfg
-  rope_cos, rope_sin = tfm.rope_tables(jnp.arange(tp + n)[None], mcfg.resolved_head_dim,
-                                       mcfg.rope_theta, mcfg.rope_scaling)  # [1, Tp + N, D/2]
+  rope_all = model.rope_tables(jnp.arange(tp + n)[None])  # pairs of [1, Tp + N, D/2]
 
   def run_segment(carry, stop_step: int, slots: int):
     """Decode steps [carry's i, stop_step) over a cache of ``slots`` slots."""
@@ -326,7 +324,7 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens: jax.Array,
       write = tp + i - 1
       attn = (prompt_slots | ((slot >= tp) & (slot <= write))[None, :])[:, None, :]
       pos = (next_pos + i - 1)[:, None]
-      rope_cs = (jnp.take(rope_cos[0], pos, axis=0), jnp.take(rope_sin[0], pos, axis=0))
+      rope_cs = jax.tree.map(lambda table: jnp.take(table[0], pos, axis=0), rope_all)
       h, cache = model.hidden(token[:, None], pos, attn, cache, write, rope_cs)
       logits = model.logits(h[:, 0])
       token, done, tokens, logps, plogps, stopped = emit(

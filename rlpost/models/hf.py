@@ -1,15 +1,17 @@
 """Hugging Face checkpoint interop: ``config.json`` + safetensors + ``tokenizer.json``.
 
-Reads and writes the on-disk format of ``Qwen2ForCausalLM`` and ``LlamaForCausalLM`` checkpoints
-so that a model trained here loads in ``transformers.AutoModelForCausalLM.from_pretrained`` and
-vice versa. Only the ``hf`` extra (``safetensors``, ``tokenizers``) is needed; torch and
+Reads and writes the on-disk format of the ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``,
+``LlamaForCausalLM`` (``attention_bias`` included), ``MistralForCausalLM`` and
+``Gemma3ForCausalLM`` (Gemma 3 text) checkpoints, so that a model trained here loads in
+``transformers.AutoModelForCausalLM.from_pretrained`` and vice versa. Only the ``hf`` extra (``safetensors``, ``tokenizers``) is needed; torch and
 transformers are never imported.
 
 Public API:
   config_from_hf(hf_config)                     -> TransformerConfig
-  config_to_hf(config, architecture)            -> dict (config.json contents)
+  config_to_hf(config, architecture=None)       -> dict (config.json contents)
+  architecture_for(config)                      -> the short name a config exports as
   load_pretrained(path, dtype=, param_dtype=)   -> Transformer
-  save_pretrained(model, path, architecture=, source=, eos_token_id=, ...)
+  save_pretrained(model, path, architecture=None, source=, eos_token_id=, ...)
   special_token_ids(path)                       -> {"bos_token_id", "eos_token_id", "pad_token_id"}
   load_tokenizer(path)                          -> Tokenizer
   read_json(path)                               -> dict (a JSON object; errors name the file)
@@ -39,12 +41,22 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from rlpost.models.transformer import Llama3RopeScaling, Transformer, TransformerConfig
+from rlpost.models.transformer import (LinearRopeScaling, Llama3RopeScaling, Transformer,
+                                       TransformerConfig)
 from rlpost import tokenizer
 
 # Short architecture names accepted by ``config_to_hf`` / ``save_pretrained``.
-ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
-_MODEL_TYPES = {v: k for k, v in ARCHITECTURES.items()}
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                 "gemma3": "Gemma3ForCausalLM"}
+_CLASSES = {v: k for k, v in ARCHITECTURES.items()}
+# config.json ``model_type`` of each short name.
+MODEL_TYPES = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama", "mistral": "mistral",
+               "gemma3": "gemma3_text"}
+_SHORT_OF_TYPE = {v: k for k, v in MODEL_TYPES.items()}
+# Families whose norms, activation and embedding follow Gemma (``_GEMMA`` options).
+_GEMMA = dict(norm_plus_one=True, sandwich_norm=True, mlp_activation="gelu_tanh",
+              embed_scale=True, qk_norm=True)
 
 # The files of a checkpoint's tokenizer (those present are copied by ``save_pretrained(source=)``).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -67,23 +79,26 @@ _NP_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bf
 # config.json
 # --------------------------------------------------------------------------------------------
 
-def _architecture_of(hf: dict) -> str:
-  """Short architecture name ("qwen2" | "llama") from ``architectures`` or ``model_type``."""
+def architecture_of(hf: dict) -> str:
+  """Short architecture name (a key of ``ARCHITECTURES``) from a config.json's
+  ``architectures`` or ``model_type``."""
   archs = hf.get("architectures")
   if archs:
     if isinstance(archs, str):
       archs = [archs]
     arch = archs[0]
-    if arch not in _MODEL_TYPES:
-      raise ValueError(
-          f"config.json key 'architectures' is {archs!r}; supported: {sorted(_MODEL_TYPES)}")
-    return _MODEL_TYPES[arch]
+    if arch not in _CLASSES:
+      hint = (" (the multimodal Gemma 3; only its text model, Gemma3ForCausalLM, is supported)"
+              if arch == "Gemma3ForConditionalGeneration" else "")
+      raise ValueError(f"config.json key 'architectures' is {archs!r}{hint}; supported: "
+                       f"{sorted(_CLASSES)}")
+    return _CLASSES[arch]
   model_type = hf.get("model_type")
-  if model_type not in ARCHITECTURES:
+  if model_type not in _SHORT_OF_TYPE:
     raise ValueError(
         f"config.json has no 'architectures' and its key 'model_type' is {model_type!r}; "
-        f"supported: {sorted(ARCHITECTURES)}")
-  return model_type
+        f"supported: {sorted(_SHORT_OF_TYPE)}")
+  return _SHORT_OF_TYPE[model_type]
 
 
 def _required(hf: dict, key: str):
@@ -92,7 +107,7 @@ def _required(hf: dict, key: str):
   return hf[key]
 
 
-def _rope_from_hf(hf: dict) -> tuple[float, Llama3RopeScaling | None]:
+def _rope_from_hf(hf: dict) -> tuple[float, Llama3RopeScaling | LinearRopeScaling | None]:
   """(rope_theta, scaling) from either the transformers 4.x or 5.x layout.
 
   4.x: top-level ``rope_theta`` and an optional ``rope_scaling`` dict.
@@ -106,7 +121,13 @@ def _rope_from_hf(hf: dict) -> tuple[float, Llama3RopeScaling | None]:
   if params and all(isinstance(v, dict) for v in params.values()):
     raise ValueError(f"config.json key {key!r} holds per-layer-type RoPE parameters "
                      f"({sorted(params)}); only a single RoPE is supported")
-  theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+  return _rope_params(params, key, hf.get("rope_theta", 10000.0), hf)
+
+
+def _rope_params(params: dict, key: str, theta, hf: dict
+                 ) -> tuple[float, Llama3RopeScaling | LinearRopeScaling | None]:
+  """(theta, scaling) of one RoPE parameter dict; ``theta`` when the dict has none."""
+  theta = params.get("rope_theta", theta)
   if theta is None:
     theta = 10000.0
   partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
@@ -116,49 +137,93 @@ def _rope_from_hf(hf: dict) -> tuple[float, Llama3RopeScaling | None]:
   rope_type = params.get("rope_type", params.get("type", "default")) or "default"
   if rope_type == "default":
     return float(theta), None
-  if rope_type == "llama3":
-    try:
-      scaling = Llama3RopeScaling(
+  try:
+    if rope_type == "linear":
+      return float(theta), LinearRopeScaling(factor=float(params["factor"]))
+    if rope_type == "llama3":
+      return float(theta), Llama3RopeScaling(
           factor=float(params["factor"]),
           low_freq_factor=float(params["low_freq_factor"]),
           high_freq_factor=float(params["high_freq_factor"]),
           original_max_position_embeddings=int(params["original_max_position_embeddings"]))
-    except KeyError as e:
-      raise ValueError(f"config.json key {key!r} (rope_type 'llama3') is missing {e}") from None
-    return float(theta), scaling
+  except KeyError as e:
+    raise ValueError(f"config.json key {key!r} (rope_type {rope_type!r}) is missing {e}") from None
   raise ValueError(f"config.json key {key!r} has rope_type {rope_type!r}; supported: "
-                   "'default' (or no scaling) and 'llama3'")
+                   "'default' (or no scaling), 'linear' and 'llama3'")
 
 
-def _check_sliding_window(hf: dict, num_layers: int, max_seq_len: int) -> None:
-  """Raise if any layer would use sliding-window attention within ``max_seq_len`` tokens.
+def _gemma_rope(hf: dict) -> tuple[float, Llama3RopeScaling | LinearRopeScaling | None, float]:
+  """(global theta, global scaling, local theta) of a Gemma 3 config.
 
-  As in transformers' Qwen2: the window is ``sliding_window`` if ``use_sliding_window`` else
-  none; the layers that use it are the "sliding_attention" entries of ``layer_types``, or
-  (without ``layer_types``) those with index >= ``max_window_layers``.
+  5.x: ``rope_parameters = {"full_attention": {...}, "sliding_attention": {...}}``; 4.x:
+  ``rope_theta`` and ``rope_scaling`` (global layers) and ``rope_local_base_freq``.
+  """
+  params = hf.get("rope_parameters")
+  if isinstance(params, dict) and {"full_attention", "sliding_attention"} & set(params):
+    full = dict(params.get("full_attention") or {})
+    sliding = dict(params.get("sliding_attention") or {})
+  else:
+    full = dict(hf.get("rope_scaling") or {})
+    sliding = {}
+  theta, scaling = _rope_params(full, "rope_parameters.full_attention",
+                                hf.get("rope_theta", 1_000_000.0), hf)
+  local_theta, local_scaling = _rope_params(sliding, "rope_parameters.sliding_attention",
+                                            hf.get("rope_local_base_freq", 10_000.0), hf)
+  if local_scaling is not None:
+    raise ValueError("config.json: scaled RoPE on Gemma 3 sliding layers is not supported")
+  return theta, scaling, local_theta
+
+
+def _sliding(hf: dict, arch: str, num_layers: int) -> tuple[int | None, tuple[str, ...] | None]:
+  """(sliding_window, layer_types) as the architecture's transformers class reads them.
+
+  Qwen2 / Qwen3: the window is ``sliding_window`` if ``use_sliding_window``; the sliding layers
+  are the "sliding_attention" entries of ``layer_types`` or, without it, those with index >=
+  ``max_window_layers``. Mistral: ``sliding_window`` on every layer. Gemma 3: ``layer_types``, or
+  every ``sliding_window_pattern``-th layer (default 6) global and the others sliding.
   """
   layer_types = hf.get("layer_types")
   if layer_types is not None:
     unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
     if unknown:
       raise ValueError(f"config.json key 'layer_types' contains unsupported {unknown}")
-  window = hf.get("sliding_window") if hf.get("use_sliding_window", False) else None
-  if window is None or window >= max_seq_len:
-    return
-  if layer_types is not None:
-    sliding = [i for i, t in enumerate(layer_types) if t == "sliding_attention"]
-  else:
-    sliding = list(range(int(hf.get("max_window_layers", num_layers)), num_layers))
-  if sliding:
-    raise ValueError(
-        f"config.json key 'use_sliding_window' is true with 'sliding_window' = {window} < "
-        f"'max_position_embeddings' = {max_seq_len} on layers {sliding}; sliding-window "
-        "attention is not supported")
+    if len(layer_types) != num_layers:
+      raise ValueError(f"config.json key 'layer_types' has {len(layer_types)} entries for "
+                       f"'num_hidden_layers' = {num_layers}")
+    layer_types = ["sliding" if t == "sliding_attention" else "full" for t in layer_types]
+  if arch == "llama":
+    window = None
+  elif arch in ("qwen2", "qwen3"):
+    window = hf.get("sliding_window") if hf.get("use_sliding_window", False) else None
+    if window is not None and layer_types is None:
+      first = int(hf.get("max_window_layers", num_layers))
+      layer_types = ["sliding" if i >= first else "full" for i in range(num_layers)]
+  elif arch == "mistral":
+    window = hf.get("sliding_window")
+    if window is not None and layer_types is None:
+      layer_types = ["sliding"] * num_layers
+  else:  # gemma3
+    if hf.get("use_bidirectional_attention"):
+      raise ValueError("config.json key 'use_bidirectional_attention' is true; only causal "
+                       "attention is supported")
+    window = hf.get("sliding_window")
+    if layer_types is None:
+      pattern = int(hf.get("sliding_window_pattern", 6))
+      layer_types = ["sliding" if (i + 1) % pattern else "full" for i in range(num_layers)]
+    if window is None and "sliding" in layer_types:
+      raise ValueError("config.json key 'sliding_window' is null but the Gemma 3 layers "
+                       f"{[i for i, t in enumerate(layer_types) if t == 'sliding']} are sliding")
+  if window is None:
+    return None, None
+  if not isinstance(window, int) or window < 1:
+    raise ValueError(f"config.json key 'sliding_window' must be a positive integer, got "
+                     f"{window!r}")
+  return window, tuple(layer_types)
 
 
 def config_from_hf(hf_config: dict, *, dtype: str = "float32",
                    param_dtype: str | None = None) -> TransformerConfig:
-  """TransformerConfig from a ``Qwen2ForCausalLM`` / ``LlamaForCausalLM`` config.json dict.
+  """TransformerConfig from the config.json dict of a supported causal LM (``ARCHITECTURES``).
 
   Args:
     hf_config: the parsed config.json (transformers 4.x or 5.x layout).
@@ -167,23 +232,26 @@ def config_from_hf(hf_config: dict, *, dtype: str = "float32",
 
   Raises:
     ValueError naming the offending key for an unsupported architecture, activation, RoPE
-    scaling type, MLP / output-projection bias, or sliding-window attention in use.
+    scaling type, MLP bias or attention variant.
   """
   hf = hf_config
-  arch = _architecture_of(hf)
-  act = hf.get("hidden_act", "silu")
-  if act != "silu":
-    raise ValueError(f"config.json key 'hidden_act' is {act!r}; only 'silu' is supported")
+  arch = architecture_of(hf)
+  gemma = arch == "gemma3"
+  act = hf.get("hidden_activation", hf.get("hidden_act")) if gemma else hf.get("hidden_act",
+                                                                                "silu")
+  want = "gelu_pytorch_tanh" if gemma else "silu"
+  if act != want:
+    key = "hidden_activation" if gemma and "hidden_activation" in hf else "hidden_act"
+    raise ValueError(f"config.json key {key!r} is {act!r}; only {want!r} is supported for "
+                     f"{ARCHITECTURES[arch]}")
   if hf.get("mlp_bias"):
     raise ValueError("config.json key 'mlp_bias' is true; MLP biases are not supported")
   if arch == "qwen2":
-    qkv_bias = True
-  else:
-    if hf.get("attention_bias"):
-      raise ValueError(
-          "config.json key 'attention_bias' is true for a Llama model; that adds a bias to "
-          "o_proj, which is not supported (Qwen2-style q/k/v-only biases are)")
-    qkv_bias = False
+    qkv_bias, o_bias = True, False
+  elif arch == "mistral":
+    qkv_bias = o_bias = False
+  else:  # llama, qwen3, gemma3: attention_bias puts a bias on all four projections
+    qkv_bias = o_bias = bool(hf.get("attention_bias", False))
   hidden = int(_required(hf, "hidden_size"))
   heads = int(_required(hf, "num_attention_heads"))
   kv_heads = hf.get("num_key_value_heads") or heads
@@ -191,10 +259,18 @@ def config_from_hf(hf_config: dict, *, dtype: str = "float32",
   if head_dim is not None and hidden % heads == 0 and head_dim == hidden // heads:
     head_dim = None
   num_layers = int(_required(hf, "num_hidden_layers"))
-  default_max = 32768 if arch == "qwen2" else 2048
-  max_seq_len = int(hf.get("max_position_embeddings") or default_max)
-  _check_sliding_window(hf, num_layers, max_seq_len)
-  theta, scaling = _rope_from_hf(hf)
+  default_max = {"qwen2": 32768, "qwen3": 32768, "mistral": 32768, "gemma3": 131072}
+  max_seq_len = int(hf.get("max_position_embeddings") or default_max.get(arch, 2048))
+  window, layer_types = _sliding(hf, arch, num_layers)
+  local_theta = None
+  if gemma:
+    theta, scaling, local_theta = _gemma_rope(hf)
+    family = dict(_GEMMA, query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)))
+    if window is None:
+      local_theta = None
+  else:
+    theta, scaling = _rope_from_hf(hf)
+    family = dict(qk_norm=arch == "qwen3")
   return TransformerConfig(
       vocab_size=int(_required(hf, "vocab_size")),
       hidden_size=hidden,
@@ -206,45 +282,109 @@ def config_from_hf(hf_config: dict, *, dtype: str = "float32",
       rope_theta=theta,
       rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
       qkv_bias=qkv_bias,
-      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      o_bias=o_bias,
+      tie_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
       max_seq_len=max_seq_len,
       dtype=dtype,
       param_dtype=param_dtype or dtype,
       init_std=float(hf.get("initializer_range", 0.02)),
       rope_scaling=scaling,
+      # Gemma 3 has no attention-score softcapping: transformers ignores the key too.
+      final_logit_softcap=hf.get("final_logit_softcapping") if gemma else None,
+      sliding_window=window,
+      layer_types=layer_types,
+      local_rope_theta=local_theta,
+      **family,
   )
 
 
 def _short_arch(architecture: str) -> str:
   if architecture in ARCHITECTURES:
     return architecture
-  if architecture in _MODEL_TYPES:
-    return _MODEL_TYPES[architecture]
+  if architecture in _CLASSES:
+    return _CLASSES[architecture]
   raise ValueError(f"unsupported architecture {architecture!r}; supported: "
-                   f"{sorted(ARCHITECTURES)} or {sorted(_MODEL_TYPES)}")
+                   f"{sorted(ARCHITECTURES)} or {sorted(_CLASSES)}")
 
 
-def config_to_hf(config: TransformerConfig, architecture: str = "qwen2") -> dict:
-  """config.json contents for ``config`` as a Qwen2 or Llama causal LM.
+def architecture_for(config: TransformerConfig) -> str:
+  """The short name ``config`` exports as when no architecture is given: Gemma 3 for the Gemma
+  options, Qwen3 for q/k norms, Qwen2 for q/k/v-only biases, Mistral for a window on every
+  layer, else Llama."""
+  if config.norm_plus_one:
+    return "gemma3"
+  if config.qk_norm:
+    return "qwen3"
+  if config.qkv_bias and not config.o_bias:
+    return "qwen2"
+  if config.sliding_window is not None and all(config.sliding_layers):
+    return "mistral"
+  return "llama"
 
-  Written in the transformers 4.x layout (top-level ``rope_theta``, ``rope_scaling``), which
-  transformers 5.x also reads. ``architecture`` is "qwen2" / "llama" or the class name.
-  Raises ValueError if the config has no exact equivalent in that architecture (Qwen2 always
-  has q/k/v biases; Llama cannot have them without an o_proj bias).
+
+def _expressible(config: TransformerConfig, arch: str) -> None:
+  """Raise ValueError naming the first option of ``config`` that ``arch`` cannot express."""
+  gemma = arch == "gemma3"
+  problems = []
+  for name, value in _GEMMA.items():
+    if name != "qk_norm" and (getattr(config, name) == value) != gemma:
+      problems.append(f"{name}={getattr(config, name)!r}")
+  if config.qk_norm != (arch in ("qwen3", "gemma3")):
+    problems.append(f"qk_norm={config.qk_norm}")
+  bias = (config.qkv_bias, config.o_bias)
+  allowed = {"qwen2": [(True, False)], "mistral": [(False, False)]}.get(
+      arch, [(False, False), (True, True)])
+  if bias not in allowed:
+    problems.append(f"qkv_bias={config.qkv_bias}, o_bias={config.o_bias}")
+  if not gemma:
+    for name in ("query_pre_attn_scalar", "final_logit_softcap", "local_rope_theta"):
+      if getattr(config, name) is not None:
+        problems.append(f"{name}={getattr(config, name)!r}")
+  if gemma and config.query_pre_attn_scalar is None:
+    problems.append("query_pre_attn_scalar=None")
+  sliding = config.sliding_layers
+  if any(sliding):
+    if arch == "llama":
+      problems.append(f"sliding_window={config.sliding_window}")
+    if arch == "mistral" and not all(sliding):
+      problems.append("layer_types with full layers (Mistral slides on every layer)")
+    if arch in ("qwen2", "qwen3"):
+      first = sliding.index(True)
+      if not all(sliding[first:]):
+        problems.append("layer_types not of the form full... then sliding...")
+  if isinstance(config.rope_scaling, LinearRopeScaling) and not gemma:
+    problems.append("linear RoPE scaling")
+  if problems:
+    raise ValueError(f"architecture {arch!r} ({ARCHITECTURES[arch]}) cannot express "
+                     f"{', '.join(problems)}; use architecture={architecture_for(config)!r}")
+
+
+def _int_if_whole(x: float) -> int | float:
+  """transformers' Gemma 3 config declares query_pre_attn_scalar an int."""
+  return int(x) if float(x).is_integer() else x
+
+
+def _rope_json(scaling) -> dict | None:
+  if scaling is None:
+    return None
+  kind = "linear" if isinstance(scaling, LinearRopeScaling) else "llama3"
+  return {"rope_type": kind, **dataclasses.asdict(scaling)}
+
+
+def config_to_hf(config: TransformerConfig, architecture: str | None = None) -> dict:
+  """config.json contents for ``config`` as a causal LM of ``architecture``.
+
+  Written in the transformers 4.x layout (top-level ``rope_theta``, ``rope_scaling``, and for
+  Gemma 3 ``rope_local_base_freq``), which transformers 5.x also reads. ``architecture`` is a
+  key of ``ARCHITECTURES`` or its class name; None: ``architecture_for(config)``. Raises
+  ValueError if the config has no exact equivalent in that architecture (e.g. Qwen2 always has
+  q/k/v biases; Llama cannot have them without an o_proj bias).
   """
-  arch = _short_arch(architecture)
-  if arch == "qwen2" and not config.qkv_bias:
-    raise ValueError("architecture 'qwen2' always has q/k/v biases but config.qkv_bias is "
-                     "False; use architecture='llama'")
-  if arch == "llama" and config.qkv_bias:
-    raise ValueError("architecture 'llama' cannot express q/k/v biases without an o_proj "
-                     "bias (config.qkv_bias is True); use architecture='qwen2'")
-  scaling = None
-  if config.rope_scaling is not None:
-    scaling = {"rope_type": "llama3", **dataclasses.asdict(config.rope_scaling)}
+  arch = _short_arch(architecture) if architecture is not None else architecture_for(config)
+  _expressible(config, arch)
   hf: dict[str, Any] = {
       "architectures": [ARCHITECTURES[arch]],
-      "model_type": arch,
+      "model_type": MODEL_TYPES[arch],
       "vocab_size": config.vocab_size,
       "hidden_size": config.hidden_size,
       "intermediate_size": config.intermediate_size,
@@ -252,22 +392,39 @@ def config_to_hf(config: TransformerConfig, architecture: str = "qwen2") -> dict
       "num_attention_heads": config.num_heads,
       "num_key_value_heads": config.num_kv_heads,
       "head_dim": config.resolved_head_dim,
-      "hidden_act": "silu",
       "max_position_embeddings": config.max_seq_len,
       "initializer_range": config.init_std,
       "rms_norm_eps": config.rms_norm_eps,
       "rope_theta": config.rope_theta,
-      "rope_scaling": scaling,
+      "rope_scaling": _rope_json(config.rope_scaling),
       "tie_word_embeddings": config.tie_embeddings,
       "attention_dropout": 0.0,
       "use_cache": True,
       "torch_dtype": config.param_dtype,
   }
-  if arch == "qwen2":
-    hf.update(use_sliding_window=False, sliding_window=None,
-              max_window_layers=config.num_layers)
+  window = config.sliding_window if any(config.sliding_layers) else None
+  types = [{True: "sliding_attention", False: "full_attention"}[x] for x in config.sliding_layers]
+  if arch == "gemma3":
+    hf.update(hidden_activation="gelu_pytorch_tanh", attention_bias=config.o_bias,
+              query_pre_attn_scalar=_int_if_whole(config.query_pre_attn_scalar),
+              attn_logit_softcapping=None,
+              final_logit_softcapping=config.final_logit_softcap,
+              sliding_window=window, layer_types=types,
+              rope_local_base_freq=(config.local_rope_theta if config.local_rope_theta
+                                    is not None else config.rope_theta),
+              use_bidirectional_attention=False)
+    return hf
+  hf["hidden_act"] = "silu"
+  if arch in ("qwen2", "qwen3"):
+    first = config.sliding_layers.index(True) if window else config.num_layers
+    hf.update(use_sliding_window=window is not None, sliding_window=window,
+              max_window_layers=first, layer_types=types)
+    if arch == "qwen3":
+      hf["attention_bias"] = config.o_bias
+  elif arch == "mistral":
+    hf["sliding_window"] = window
   else:
-    hf.update(attention_bias=False, mlp_bias=False)
+    hf.update(attention_bias=config.o_bias, mlp_bias=False)
   return hf
 
 
@@ -290,17 +447,27 @@ def _param_map(cfg: TransformerConfig) -> list[_Entry]:
     entries.append(_Entry("lm_head.weight", ("lm_head", "kernel"), True))
   for i in range(cfg.num_layers):
     pre = f"model.layers.{i}."
-    entries += [
-        _Entry(pre + "input_layernorm.weight", ("layers", i, "input_norm", "scale"), False),
-        _Entry(pre + "post_attention_layernorm.weight",
-               ("layers", i, "post_attn_norm", "scale"), False),
-    ]
+    # The norm before the MLP is post_attention_layernorm in Llama's layout and
+    # pre_feedforward_layernorm in Gemma's, whose post_attention_layernorm normalises the
+    # attention output.
+    norms = {"input_layernorm": "input_norm"}
+    if cfg.sandwich_norm:
+      norms.update(post_attention_layernorm="attn_out_norm",
+                   pre_feedforward_layernorm="post_attn_norm",
+                   post_feedforward_layernorm="mlp_out_norm")
+    else:
+      norms["post_attention_layernorm"] = "post_attn_norm"
+    entries += [_Entry(f"{pre}{name}.weight", ("layers", i, attr, "scale"), False)
+                for name, attr in norms.items()]
     for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
       entries.append(_Entry(f"{pre}self_attn.{proj}.weight",
                             ("layers", i, "attn", proj, "kernel"), True))
-      if cfg.qkv_bias and proj != "o_proj":
+      if cfg.o_bias if proj == "o_proj" else cfg.qkv_bias:
         entries.append(_Entry(f"{pre}self_attn.{proj}.bias",
                               ("layers", i, "attn", proj, "bias"), False))
+    if cfg.qk_norm:
+      entries += [_Entry(f"{pre}self_attn.{n}.weight", ("layers", i, "attn", n, "scale"), False)
+                  for n in ("q_norm", "k_norm")]
     for proj in ("gate_proj", "up_proj", "down_proj"):
       entries.append(_Entry(f"{pre}mlp.{proj}.weight", ("layers", i, "mlp", proj, "kernel"),
                             True))
@@ -372,7 +539,7 @@ def _weight_files(path: Path) -> dict[str, Path]:
 
 def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32",
                     param_dtype: str | None = None) -> Transformer:
-  """Load a Hugging Face Qwen2 / Llama checkpoint directory into a ``Transformer``.
+  """Load a Hugging Face checkpoint directory of a supported architecture into a ``Transformer``.
 
   Args:
     path: directory with config.json and model.safetensors or model.safetensors.index.json
@@ -491,7 +658,7 @@ def _chmod_as_created(folder: Path) -> None:
 
 
 def save_pretrained(model: Transformer, path: str | os.PathLike, *,
-                    architecture: str = "qwen2", max_shard_bytes: int | None = None,
+                    architecture: str | None = None, max_shard_bytes: int | None = None,
                     source: str | os.PathLike | None = None,
                     bos_token_id: int | None = None,
                     eos_token_id: int | Sequence[int] | None = None,
@@ -508,7 +675,8 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, *,
   Args:
     model: the model to save.
     path: the checkpoint directory to create.
-    architecture: "qwen2" or "llama" (or the class name), see ``config_to_hf``.
+    architecture: a key of ``ARCHITECTURES`` (or the class name); None: the source's
+      architecture with ``source``, else ``architecture_for(model.cfg)``. See ``config_to_hf``.
     max_shard_bytes: shard size limit in bytes; None writes a single file.
     source: the Hugging Face checkpoint directory the model came from: its special token ids
       (``special_token_ids``) go into config.json and its tokenizer files (``TOKENIZER_FILES``
@@ -527,6 +695,8 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, *,
   if path.exists() and not overwrite:
     raise FileExistsError(f"{path} exists; pass overwrite=True to replace it")
   cfg = model.cfg
+  if architecture is None and source is not None:
+    architecture = architecture_of(read_json(Path(source) / CONFIG_NAME))
   hf_config = config_to_hf(cfg, architecture)
   copies: list[Path] = []
   if source is not None:

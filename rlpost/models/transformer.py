@@ -1,10 +1,20 @@
-"""Decoder-only transformer of the Llama / Qwen2 family, in Flax NNX, with an explicit KV cache.
+"""Decoder-only transformer of the Llama family, in Flax NNX, with an explicit KV cache.
 
 Architecture: token embedding -> L x [RMSNorm -> grouped-query attention with RoPE (+residual),
-RMSNorm -> SwiGLU MLP (+residual)] -> RMSNorm -> LM head (optionally tied to the embedding).
-Qwen2 differs from Llama only by a bias on the q/k/v projections (``qkv_bias=True``); the
-numerics follow the Hugging Face reference implementations (RMSNorm computed in float32, RoPE
-with the "rotate half" layout) so that imported checkpoints give the same logits.
+RMSNorm -> gated MLP (+residual)] -> RMSNorm -> LM head (optionally tied to the embedding).
+The config's options give the families ``rlpost.models.hf`` reads and writes:
+
+  Llama    the defaults (``qkv_bias`` and ``o_bias`` for ``attention_bias=True``; Llama 3.1 RoPE)
+  Qwen2    ``qkv_bias``: a bias on the q/k/v projections
+  Qwen3    ``qk_norm``: per-head RMSNorm of queries and keys before RoPE; explicit ``head_dim``
+  Mistral  ``sliding_window``: every layer attends to the last ``sliding_window`` positions
+  Gemma 3  ``norm_plus_one`` (scale 1 + w), ``sandwich_norm`` (norms after attention and MLP
+           too), ``mlp_activation="gelu_tanh"`` (GeGLU), ``embed_scale`` (sqrt(E)),
+           ``qk_norm``, ``query_pre_attn_scalar``, and ``layer_types`` interleaving sliding
+           ("local") layers with their own ``local_rope_theta`` and global layers
+
+The numerics follow the Hugging Face reference implementations (RMSNorm computed in float32,
+RoPE with the "rotate half" layout) so that imported checkpoints give the same logits.
 
 Shape legend used throughout:
   B batch, T tokens in this call, S cache slots, H query heads, K key/value heads (H % K == 0),
@@ -12,7 +22,10 @@ Shape legend used throughout:
 
 The model call is ``(tokens [B,T], positions [B,T], attn_mask [B,T,S], cache, cache_index)
 -> (logits [B,T,V] float32, cache)``. Positions are explicit so that padded prompts (left or
-right) see exactly the positions of their unpadded version. The cache is a plain pytree that
+right) see exactly the positions of their unpadded version. Sliding-window layers additionally
+mask keys whose position is ``sliding_window`` or more before the query's, where a key's
+position is its rank among the keys that the last query row of ``attn_mask`` sees (the
+positions ``positions_from_mask`` and the sampler give); the cache keeps every slot. The cache is a plain pytree that
 travels through ``jit`` and ``lax.while_loop``; ``nnx.split`` turns the module into a
 ``(graphdef, params)`` pair whose params are an ordinary jit argument.
 """
@@ -51,6 +64,18 @@ class Llama3RopeScaling:
 
 
 @dataclasses.dataclass(frozen=True)
+class LinearRopeScaling:
+  """Position interpolation (Hugging Face ``"rope_type": "linear"``): frequencies / factor."""
+
+  factor: float
+
+
+RopeScaling = Llama3RopeScaling | LinearRopeScaling
+LAYER_TYPES = ("full", "sliding")
+MLP_ACTIVATIONS = ("silu", "gelu_tanh")
+
+
+@dataclasses.dataclass(frozen=True)
 class TransformerConfig:
   """Hyperparameters of the decoder. All fields are plain Python values (hashable, static)."""
 
@@ -69,14 +94,58 @@ class TransformerConfig:
   dtype: str = "float32"  # activation / matmul dtype
   param_dtype: str = "float32"
   init_std: float = 0.02
-  rope_scaling: Llama3RopeScaling | None = None  # None: plain RoPE
+  rope_scaling: RopeScaling | None = None  # None: plain RoPE
+  # Family options (see the module docstring); the defaults give Llama / Qwen2.
+  o_bias: bool = False  # a bias on the output projection too (attention_bias=True)
+  qk_norm: bool = False  # per-head RMSNorm of queries and keys before RoPE
+  norm_plus_one: bool = False  # RMSNorm scales by (1 + w), w initialised to 0
+  sandwich_norm: bool = False  # RMSNorm of the attention and the MLP outputs too
+  mlp_activation: str = "silu"  # gate activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+  embed_scale: bool = False  # embeddings times sqrt(hidden_size)
+  query_pre_attn_scalar: float | None = None  # attention scale s**-0.5 (None: head_dim**-0.5)
+  final_logit_softcap: float | None = None  # logits -> c * tanh(logits / c)
+  sliding_window: int | None = None  # a query sees keys less than this many positions back
+  # Per layer "full" or "sliding"; None: every layer "sliding" with a window, else "full".
+  layer_types: tuple[str, ...] | None = None
+  local_rope_theta: float | None = None  # RoPE base of sliding layers, unscaled (None: shared)
 
   def __post_init__(self):
     if isinstance(self.rope_scaling, dict):
-      object.__setattr__(self, "rope_scaling", Llama3RopeScaling(**self.rope_scaling))
-    if self.rope_scaling is not None and not isinstance(self.rope_scaling, Llama3RopeScaling):
-      raise ValueError("TransformerConfig.rope_scaling must be None or a Llama3RopeScaling, "
-                       f"got {self.rope_scaling!r}")
+      kind = LinearRopeScaling if set(self.rope_scaling) == {"factor"} else Llama3RopeScaling
+      object.__setattr__(self, "rope_scaling", kind(**self.rope_scaling))
+    if self.rope_scaling is not None and not isinstance(self.rope_scaling,
+                                                        (Llama3RopeScaling, LinearRopeScaling)):
+      raise ValueError("TransformerConfig.rope_scaling must be None, a Llama3RopeScaling or a "
+                       f"LinearRopeScaling, got {self.rope_scaling!r}")
+    if self.layer_types is not None:
+      object.__setattr__(self, "layer_types", tuple(self.layer_types))
+      if len(self.layer_types) != self.num_layers:
+        raise ValueError(f"TransformerConfig.layer_types has {len(self.layer_types)} entries "
+                         f"for {self.num_layers} layers")
+      unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+      if unknown:
+        raise ValueError(f"TransformerConfig.layer_types has {unknown}; each entry is one of "
+                         f"{LAYER_TYPES}")
+      if "sliding" in self.layer_types and self.sliding_window is None:
+        raise ValueError("TransformerConfig.layer_types has 'sliding' layers but "
+                         "sliding_window is None")
+    if self.sliding_window is not None and (not isinstance(self.sliding_window, int)
+                                            or self.sliding_window < 1):
+      raise ValueError("TransformerConfig.sliding_window must be None or a positive int, got "
+                       f"{self.sliding_window!r}")
+    # One spelling per model: every layer sliding is layer_types=None; none sliding, no window.
+    if self.layer_types is not None and len(set(self.layer_types)) == 1:
+      if self.layer_types[0] == "full":
+        object.__setattr__(self, "sliding_window", None)
+      object.__setattr__(self, "layer_types", None)
+    if self.mlp_activation not in MLP_ACTIVATIONS:
+      raise ValueError(f"TransformerConfig.mlp_activation must be one of {MLP_ACTIVATIONS}, "
+                       f"got {self.mlp_activation!r}")
+    for name in ("query_pre_attn_scalar", "final_logit_softcap",
+                 "local_rope_theta"):
+      value = getattr(self, name)
+      if value is not None and not value > 0:
+        raise ValueError(f"TransformerConfig.{name} must be None or positive, got {value!r}")
     positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                 "intermediate_size", "max_seq_len")
     for name in positive:
@@ -103,6 +172,25 @@ class TransformerConfig:
     return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
 
   @property
+  def sliding_layers(self) -> tuple[bool, ...]:
+    """Per layer, whether it attends through the sliding window."""
+    if self.sliding_window is None:
+      return (False,) * self.num_layers
+    if self.layer_types is None:
+      return (True,) * self.num_layers
+    return tuple(t == "sliding" for t in self.layer_types)
+
+  @property
+  def windowed(self) -> bool:
+    """Whether some layer's window can cut a sequence of ``max_seq_len`` positions."""
+    return any(self.sliding_layers) and self.sliding_window < self.max_seq_len
+
+  @property
+  def local_rope(self) -> bool:
+    """Whether sliding layers use RoPE tables of their own (``local_rope_theta``)."""
+    return self.local_rope_theta is not None and any(self.sliding_layers)
+
+  @property
   def compute_dtype(self):
     return _DTYPES[self.dtype]
 
@@ -119,7 +207,8 @@ class TransformerConfig:
     attn = e * d * (self.num_heads + 2 * self.num_kv_heads) + self.num_heads * d * e
     if self.qkv_bias:
       attn += d * (self.num_heads + 2 * self.num_kv_heads)
-    layer = attn + 3 * e * f + 2 * e
+    attn += e * self.o_bias + 2 * d * self.qk_norm
+    layer = attn + 3 * e * f + (4 if self.sandwich_norm else 2) * e
     head = 0 if self.tie_embeddings else e * v
     return v * e + self.num_layers * layer + e + head
 
@@ -138,6 +227,8 @@ class LayerCache(NamedTuple):
 
 
 KVCache = tuple[LayerCache, ...]
+# RoPE (cos, sin) tables: one pair, or (global, sliding layers') pairs (``Transformer.rope_tables``).
+RopeTables = tuple[tuple[jax.Array, jax.Array], ...]
 
 
 def init_cache(config: TransformerConfig, batch_size: int, max_len: int,
@@ -162,11 +253,13 @@ def extend_cache(cache: KVCache, max_len: int) -> KVCache:
 
 
 def rope_inv_freq(head_dim: int, theta: float,
-                  scaling: Llama3RopeScaling | None = None) -> jax.Array:
-  """RoPE inverse frequencies [D/2] float32, optionally with Llama 3.1 scaling."""
+                  scaling: RopeScaling | None = None) -> jax.Array:
+  """RoPE inverse frequencies [D/2] float32, optionally with Llama 3.1 or linear scaling."""
   inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
   if scaling is None:
     return inv_freq
+  if isinstance(scaling, LinearRopeScaling):
+    return inv_freq / scaling.factor
   low_freq_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
   high_freq_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
   wavelen = 2 * math.pi / inv_freq
@@ -179,7 +272,7 @@ def rope_inv_freq(head_dim: int, theta: float,
 
 
 def rope_tables(positions: jax.Array, head_dim: int, theta: float,
-                scaling: Llama3RopeScaling | None = None) -> tuple[jax.Array, jax.Array]:
+                scaling: RopeScaling | None = None) -> tuple[jax.Array, jax.Array]:
   """(cos, sin) of the RoPE angles, each [B, T, D/2] float32, for ``rope(..., tables=)``."""
   inv_freq = rope_inv_freq(head_dim, theta, scaling)  # [D/2]
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
@@ -187,7 +280,7 @@ def rope_tables(positions: jax.Array, head_dim: int, theta: float,
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float,
-         scaling: Llama3RopeScaling | None = None, *,
+         scaling: RopeScaling | None = None, *,
          tables: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
   """Rotary position embedding, "rotate half" layout (as in Hugging Face Llama / Qwen2).
 
@@ -205,17 +298,32 @@ def rope(x: jax.Array, positions: jax.Array, theta: float,
 
 
 class RMSNorm(nnx.Module):
-  """y = x / sqrt(mean(x^2) + eps) * scale, computed in float32."""
+  """y = x / sqrt(mean(x^2) + eps) * scale, computed in float32.
 
-  def __init__(self, dim: int, *, eps: float, param_dtype, rngs: nnx.Rngs):
+  ``plus_one``: the Gemma form, y * (1 + scale) with ``scale`` initialised to 0.
+  """
+
+  def __init__(self, dim: int, *, eps: float, param_dtype, rngs: nnx.Rngs,
+               plus_one: bool = False):
     del rngs
     self.eps = eps
-    self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
+    self.plus_one = plus_one
+    self.scale = nnx.Param((jnp.zeros if plus_one else jnp.ones)((dim,), param_dtype))
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+    scale = self.scale[...].astype(jnp.float32)
+    return (y * (1.0 + scale if self.plus_one else scale)).astype(x.dtype)
+
+
+def _norm(cfg: "TransformerConfig", dim: int, rngs: nnx.Rngs) -> RMSNorm:
+  return RMSNorm(dim, eps=cfg.rms_norm_eps, param_dtype=cfg.params_dtype, rngs=rngs,
+                 plus_one=cfg.norm_plus_one)
+
+
+def _softcap(x: jax.Array, cap: float | None) -> jax.Array:
+  return x if cap is None else cap * jnp.tanh(x / cap)
 
 
 def _dense(cfg: TransformerConfig, din: int, dout: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
@@ -250,17 +358,22 @@ class Attention(nnx.Module):
     self.q_proj = _dense(cfg, e, cfg.num_heads * d, cfg.qkv_bias, rngs)
     self.k_proj = _dense(cfg, e, cfg.num_kv_heads * d, cfg.qkv_bias, rngs)
     self.v_proj = _dense(cfg, e, cfg.num_kv_heads * d, cfg.qkv_bias, rngs)
-    self.o_proj = _dense(cfg, cfg.num_heads * d, e, False, rngs)
+    self.o_proj = _dense(cfg, cfg.num_heads * d, e, cfg.o_bias, rngs)
+    if cfg.qk_norm:
+      self.q_norm = _norm(cfg, d, rngs)
+      self.k_norm = _norm(cfg, d, rngs)
 
   def __call__(self, x, positions, attn_mask, cache: LayerCache | None, cache_index,
                rope_cs: tuple[jax.Array, jax.Array] | None = None):
     cfg = self.cfg
     b, t, _ = x.shape
     h, k_heads, d = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
-    q = rope(_linear(self.q_proj, x).reshape(b, t, h, d), positions, cfg.rope_theta,
-             cfg.rope_scaling, tables=rope_cs)
-    k = rope(_linear(self.k_proj, x).reshape(b, t, k_heads, d), positions, cfg.rope_theta,
-             cfg.rope_scaling, tables=rope_cs)
+    q = _linear(self.q_proj, x).reshape(b, t, h, d)
+    k = _linear(self.k_proj, x).reshape(b, t, k_heads, d)
+    if cfg.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q = rope(q, positions, cfg.rope_theta, cfg.rope_scaling, tables=rope_cs)
+    k = rope(k, positions, cfg.rope_theta, cfg.rope_scaling, tables=rope_cs)
     v = _linear(self.v_proj, x).reshape(b, t, k_heads, d)
     k = k.transpose(0, 2, 3, 1)  # [B, K, D, T]
     v = v.transpose(0, 2, 1, 3)  # [B, K, T, D]
@@ -273,8 +386,8 @@ class Attention(nnx.Module):
     # Queries grouped by the key/value head they share: [B, K, H/K * T, D].
     qg = q.reshape(b, t, k_heads, h // k_heads, d).transpose(0, 2, 3, 1, 4)
     qg = qg.reshape(b, k_heads, (h // k_heads) * t, d)
-    scores = jnp.einsum("bkqd,bkds->bkqs", qg, k,
-                        preferred_element_type=jnp.float32) * (d ** -0.5)
+    scale = (cfg.query_pre_attn_scalar if cfg.query_pre_attn_scalar is not None else d) ** -0.5
+    scores = jnp.einsum("bkqd,bkds->bkqs", qg, k, preferred_element_type=jnp.float32) * scale
     scores = scores.reshape(b, k_heads, h // k_heads, t, -1)
     scores = jnp.where(attn_mask[:, None, None, :, :], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
@@ -285,30 +398,39 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  """Gated MLP: down(act(gate(x)) * up(x)), act silu (SwiGLU) or tanh-approximate GELU (GeGLU)."""
 
   def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    self.gelu = cfg.mlp_activation == "gelu_tanh"
     self.gate_proj = _dense(cfg, cfg.hidden_size, cfg.intermediate_size, False, rngs)
     self.up_proj = _dense(cfg, cfg.hidden_size, cfg.intermediate_size, False, rngs)
     self.down_proj = _dense(cfg, cfg.intermediate_size, cfg.hidden_size, False, rngs)
 
   def __call__(self, x):
     gate, up = _linear(self.gate_proj, x), _linear(self.up_proj, x)
-    return _linear(self.down_proj, jax.nn.silu(gate) * up)
+    act = jax.nn.gelu(gate, approximate=True) if self.gelu else jax.nn.silu(gate)
+    return _linear(self.down_proj, act * up)
 
 
 class Block(nnx.Module):
+  """One decoder layer. ``post_attn_norm`` is the norm before the MLP; with ``sandwich_norm``
+  ``attn_out_norm`` and ``mlp_out_norm`` normalise each branch's output before its residual."""
+
   def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
-    kw = dict(eps=cfg.rms_norm_eps, param_dtype=cfg.params_dtype, rngs=rngs)
-    self.input_norm = RMSNorm(cfg.hidden_size, **kw)
+    self.input_norm = _norm(cfg, cfg.hidden_size, rngs)
     self.attn = Attention(cfg, rngs=rngs)
-    self.post_attn_norm = RMSNorm(cfg.hidden_size, **kw)
+    self.post_attn_norm = _norm(cfg, cfg.hidden_size, rngs)
     self.mlp = MLP(cfg, rngs=rngs)
+    self.sandwich = cfg.sandwich_norm
+    if cfg.sandwich_norm:
+      self.attn_out_norm = _norm(cfg, cfg.hidden_size, rngs)
+      self.mlp_out_norm = _norm(cfg, cfg.hidden_size, rngs)
 
   def __call__(self, x, positions, attn_mask, cache, cache_index, rope_cs=None):
     a, cache = self.attn(self.input_norm(x), positions, attn_mask, cache, cache_index, rope_cs)
-    x = x + a
-    x = x + self.mlp(self.post_attn_norm(x))
+    x = x + (self.attn_out_norm(a) if self.sandwich else a)
+    m = self.mlp(self.post_attn_norm(x))
+    x = x + (self.mlp_out_norm(m) if self.sandwich else m)
     return x, cache
 
 
@@ -321,13 +443,21 @@ class Transformer(nnx.Module):
                            param_dtype=cfg.params_dtype,
                            embedding_init=nnx.initializers.normal(cfg.init_std), rngs=rngs)
     self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
-    self.final_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps,
-                              param_dtype=cfg.params_dtype, rngs=rngs)
+    self.final_norm = _norm(cfg, cfg.hidden_size, rngs)
     if not cfg.tie_embeddings:
       self.lm_head = _dense(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)
 
+  def rope_tables(self, positions: jax.Array) -> RopeTables:
+    """The RoPE (cos, sin) tables of ``positions`` [B, T]: one pair, or (global, local) pairs
+    when sliding layers have a RoPE base of their own. Each table is [B, T, D/2] float32."""
+    cfg = self.cfg
+    tables = (rope_tables(positions, cfg.resolved_head_dim, cfg.rope_theta, cfg.rope_scaling),)
+    if cfg.local_rope:
+      tables += (rope_tables(positions, cfg.resolved_head_dim, cfg.local_rope_theta),)
+    return tables
+
   def hidden(self, tokens, positions, attn_mask, cache: KVCache | None = None, cache_index=0,
-             rope_cs: tuple[jax.Array, jax.Array] | None = None, select: jax.Array | None = None,
+             rope_cs: RopeTables | None = None, select: jax.Array | None = None,
              remat: bool = False):
     """Final-norm hidden states [B, T, E] and the updated cache.
 
@@ -338,16 +468,30 @@ class Transformer(nnx.Module):
     per layer) instead of keeping them: activation memory of one layer instead of L, for about
     one more forward pass of compute. Only without a cache (training passes).
 
-    ``rope_cs``: optionally ``rope_tables(positions, head_dim, rope_theta, rope_scaling)``,
-    e.g. gathered from a table that a decode loop computed once before the loop. Otherwise
-    computed here. (XLA fuses cos/sin into each layer's q and k rotation and evaluates them
-    per output element there: a few percent of a CPU decode step, see BENCHMARKS.md.)
+    ``rope_cs``: optionally ``self.rope_tables(positions)``, e.g. gathered from a table that a
+    decode loop computed once before the loop. Otherwise computed here. (XLA fuses cos/sin into
+    each layer's q and k rotation and evaluates them per output element there: a few percent
+    of a CPU decode step, see BENCHMARKS.md.)
     """
     chex.assert_rank([tokens, positions, attn_mask], [2, 2, 3])
-    x = self.embed(tokens)
     cfg = self.cfg
+    x = self.embed(tokens)
+    if cfg.embed_scale:
+      x = x * jnp.asarray(cfg.hidden_size ** 0.5, cfg.params_dtype).astype(x.dtype)
     if rope_cs is None:
-      rope_cs = rope_tables(positions, cfg.resolved_head_dim, cfg.rope_theta, cfg.rope_scaling)
+      rope_cs = self.rope_tables(positions)
+    masks = (attn_mask, window_mask(attn_mask, positions, cfg.sliding_window)
+             if cfg.windowed else attn_mask)
+    local = cfg.sliding_layers
+    tables = (rope_cs[0], rope_cs[-1])  # (global, sliding layers')
+
+    def inputs(is_local):
+      """(mask, rope tables) of a layer: by a Python bool, or a traced one inside the scan."""
+      if isinstance(is_local, bool):
+        return masks[is_local], tables[is_local]
+      pick = lambda g, s: jnp.where(is_local, s, g)  # noqa: E731
+      return pick(*masks), jax.tree.map(pick, *tables)
+
     new_cache = []
     if remat and cache is None:
       # A scan over the layers' stacked parameters with a checkpointed body: the backward scan
@@ -357,18 +501,20 @@ class Transformer(nnx.Module):
       graphdef = nnx.split(self.layers[0])[0]
       stacked = jax.tree.map(lambda *xs: jnp.stack(xs),
                              *[nnx.split(layer)[1] for layer in self.layers])
+      mixed = len(set(local)) > 1 and (cfg.windowed or cfg.local_rope)
 
       @jax.checkpoint
-      def run(x, state):
-        return nnx.merge(graphdef, state)(x, positions, attn_mask, None, cache_index,
-                                          rope_cs)[0], None
+      def run(x, xs):
+        state, is_local = xs
+        mask, cs = inputs(is_local if mixed else local[0])
+        return nnx.merge(graphdef, state)(x, positions, mask, None, cache_index, cs)[0], None
 
-      x, _ = jax.lax.scan(run, x, stacked)
+      x, _ = jax.lax.scan(run, x, (stacked, jnp.asarray(local)))
       new_cache = [None] * len(self.layers)
     else:
       for i, layer in enumerate(self.layers):
-        x, c = layer(x, positions, attn_mask, None if cache is None else cache[i], cache_index,
-                     rope_cs)
+        mask, cs = inputs(local[i])
+        x, c = layer(x, positions, mask, None if cache is None else cache[i], cache_index, cs)
         new_cache.append(c)
     if select is not None:
       x = jnp.take_along_axis(x, select[..., None], axis=1)
@@ -380,11 +526,22 @@ class Transformer(nnx.Module):
       out = self.embed.attend(h.reshape(-1, h.shape[-1])).reshape(*h.shape[:-1], -1)
     else:
       out = _linear(self.lm_head, h)
-    return out.astype(jnp.float32)
+    return _softcap(out.astype(jnp.float32), self.cfg.final_logit_softcap)
 
   def __call__(self, tokens, positions, attn_mask, cache: KVCache | None = None, cache_index=0):
     h, cache = self.hidden(tokens, positions, attn_mask, cache, cache_index)
     return self.logits(h), cache
+
+
+def window_mask(attn_mask: jax.Array, positions: jax.Array, window: int) -> jax.Array:
+  """``attn_mask`` [B, T, S] less the keys ``window`` or more positions before their query.
+
+  positions: [B, T] of the queries. A key's position is its rank among the keys the last query
+  row sees (``attn_mask[:, -1]``): the positions of ``positions_from_mask`` for a causal mask,
+  and of the sampler's prompt and decode slots.
+  """
+  keys = jnp.cumsum(attn_mask[:, -1, :].astype(jnp.int32), axis=-1) - 1  # [B, S]
+  return attn_mask & (positions[:, :, None] - keys[:, None, :] < window)
 
 
 def positions_from_mask(mask: jax.Array) -> jax.Array:

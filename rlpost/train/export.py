@@ -150,7 +150,8 @@ def _check_out(out: str, run_dir: str, overwrite: bool) -> bool:
 
 def model_config(plan: ExportPlan, log: Callable[[str], None] = print
                  ) -> tuple[tfm.TransformerConfig, str]:
-  """(the run's model config, its Hugging Face architecture "qwen2" or "llama").
+  """(the run's model config, its Hugging Face architecture: the source's, or for the character
+  model ``hf.architecture_for`` its config).
 
   A policy run's model is its source config.json's, in the run's parameter dtype; the character
   model is sized as the run sized it (the task's records are read for its ``max_seq_len``).
@@ -160,11 +161,11 @@ def model_config(plan: ExportPlan, log: Callable[[str], None] = print
     source = hf.read_json(os.path.join(plan.policy, hf.CONFIG_NAME))
     cfg = hf.config_from_hf(source, dtype=model.get("dtype", "float32"),
                             param_dtype=model.get("param_dtype"))
-  else:
-    run_cfg = config_lib.from_dict(RLConfig, plan.config,
-                                   where=os.path.join(plan.run_dir, CONFIG_FILE))
-    cfg = setup.character_model_config(run_cfg, log)
-  return cfg, "qwen2" if cfg.qkv_bias else "llama"
+    return cfg, hf.architecture_of(source)
+  run_cfg = config_lib.from_dict(RLConfig, plan.config,
+                                 where=os.path.join(plan.run_dir, CONFIG_FILE))
+  cfg = setup.character_model_config(run_cfg, log)
+  return cfg, hf.architecture_for(cfg)
 
 
 def load_model(plan: ExportPlan, cfg: tfm.TransformerConfig, *,

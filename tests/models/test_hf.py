@@ -101,15 +101,15 @@ def test_config_from_hf_layouts():
 
 
 @pytest.mark.parametrize("update,key", [
-    (dict(architectures=["MistralForCausalLM"]), "architectures"),
+    (dict(architectures=["PhiForCausalLM"]), "architectures"),
     (dict(architectures=None, model_type="gemma"), "model_type"),
     (dict(rope_scaling=dict(rope_type="yarn", factor=4.0)), "rope_scaling"),
-    (dict(rope_parameters=dict(rope_type="linear", factor=2.0, rope_theta=1e4)),
+    (dict(rope_parameters=dict(rope_type="dynamic", factor=2.0, rope_theta=1e4)),
      "rope_parameters"),
-    (dict(use_sliding_window=True, sliding_window=32, max_window_layers=1), "sliding_window"),
+    (dict(rope_parameters=dict(rope_type="linear", rope_theta=1e4)), "rope_parameters"),
+    (dict(use_sliding_window=True, sliding_window=-3, max_window_layers=1), "sliding_window"),
     (dict(layer_types=["full_attention", "chunked_attention"]), "layer_types"),
     (dict(hidden_act="gelu"), "hidden_act"),
-    (dict(architectures=["LlamaForCausalLM"], attention_bias=True), "attention_bias"),
     (dict(mlp_bias=True), "mlp_bias"),
     (dict(hidden_size=None), "hidden_size"),
 ])
@@ -120,12 +120,20 @@ def test_config_from_hf_rejects(update, key):
     hf.config_from_hf(cfg)
 
 
-def test_sliding_window_not_in_use_is_accepted():
+def test_qwen2_sliding_window_as_transformers_reads_it():
   base = dict(TINY, architectures=["Qwen2ForCausalLM"])
   for update in (dict(use_sliding_window=False, sliding_window=32, max_window_layers=0),
-                 dict(use_sliding_window=True, sliding_window=4096, max_window_layers=0),
                  dict(use_sliding_window=True, sliding_window=32, max_window_layers=2)):
-    hf.config_from_hf(dict(base, **update))
+    cfg = hf.config_from_hf(dict(base, **update))
+    assert cfg.sliding_window is None and not any(cfg.sliding_layers)
+  cfg = hf.config_from_hf(dict(base, use_sliding_window=True, sliding_window=32,
+                               max_window_layers=1))
+  assert cfg.sliding_window == 32 and cfg.sliding_layers == (False, True) and cfg.windowed
+  cfg = hf.config_from_hf(dict(base, use_sliding_window=True, sliding_window=4096,
+                               max_window_layers=0))
+  assert not cfg.windowed  # a window longer than max_position_embeddings never cuts
+  llama = hf.config_from_hf(dict(TINY, architectures=["LlamaForCausalLM"], attention_bias=True))
+  assert llama.qkv_bias and llama.o_bias
 
 
 def test_config_to_hf_rejects_inexpressible():
