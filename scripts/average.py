@@ -18,6 +18,10 @@ ranges such as ``0-57``. Without ``--out`` the average is computed and summarise
 (evaluate-only). The output directory holds ``params/`` (flat leaves, readable with
 ``rlpost.train.checkpoint.load_params``) and ``averaging.json`` (the plan), written to a temporary
 directory and renamed into place, so an interrupted run leaves nothing behind.
+
+LoRA runs (``lora_rank`` > 0) are refused: their checkpoints hold the factors A and B, and
+averaging them separately does not average the weights W + alpha / r * A B (the product is
+bilinear). ``scripts/export.py RUN_DIR --out DIR --average SPEC`` averages their merged weights.
 """
 
 from __future__ import annotations
@@ -126,6 +130,15 @@ def _posthoc_sources(args, directory):
   return sources, gammas
 
 
+def _refuse_lora(src: A.CheckpointSource) -> None:
+  rank = src.run_config().get("lora_rank") or 0
+  if rank:
+    raise ValueError(
+        f"{src.directory} holds a LoRA run (lora_rank={rank}): averaging its A and B factors "
+        "separately would not average the weights W + alpha/r * A B (the product is bilinear); "
+        "average the merged weights with scripts/export.py RUN_DIR --out DIR --average SPEC")
+
+
 def main(argv=None) -> dict:
   args = build_parser().parse_args(argv)
   t0 = time.perf_counter()
@@ -137,6 +150,8 @@ def main(argv=None) -> dict:
     items = [(s, name) for s in steps for name in sources]
     plan = A.plan_posthoc_ema(items, gammas, args.sigma_rel,
                               target_step=args.end or (steps[-1] if steps else None))
+    for s in sources.values():
+      _refuse_lora(s)
     ref = [len(s.keys) for s in sources.values()]
     if len(set(ref)) != 1:
       raise ValueError(f"--profile key ranges have different sizes {ref}")
@@ -150,6 +165,7 @@ def main(argv=None) -> dict:
     src_for_close = list(sources.values())
   else:
     src = A.CheckpointSource(args.ckpt_dir, keys=args.keys, verify=not args.no_verify)
+    _refuse_lora(src)
     plan = make_plan(args, src)
     load = src.load
     describe = f"leaves {src.describe_keys()} ({len(src.keys)} parameter leaves)"

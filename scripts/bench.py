@@ -7,6 +7,7 @@
   python scripts/bench.py scaling --out scaling.json    # step time vs batch, length, model size
   python scripts/bench.py averaging --out avg.json      # checkpoint averaging: memory, time vs K
   python scripts/bench.py roundtrip --out rt.json       # diffusion round trip vs forward rollout
+  python scripts/bench.py lora --out lora.json          # LoRA vs full fine-tuning: memory, time
 
 Every subcommand takes ``--quick`` (toy size, seconds; the test suite runs each). The
 subcommands other than ``sampler`` and ``ablate`` live in ``scripts/benchmarks/`` (their module
@@ -64,6 +65,7 @@ from rlpost import sampling  # noqa: E402
 from rlpost.cli import run_main  # noqa: E402
 from rlpost.models import transformer as tfm  # noqa: E402
 from scripts.benchmarks import averaging as bench_averaging  # noqa: E402
+from scripts.benchmarks import lora as bench_lora  # noqa: E402
 from scripts.benchmarks.common import (  # noqa: E402
     generation_flops, layer_matmul_params, measure_matmul_peak)
 from scripts.benchmarks import roundtrip as bench_roundtrip  # noqa: E402
@@ -512,6 +514,8 @@ COMMANDS = {
                   "peak memory and time of checkpoint averaging vs the number of checkpoints"),
     "roundtrip": (bench_roundtrip.add_args, bench_roundtrip.run,
                   "cost of the diffusion round trip at depth i vs a forward rollout of depth i"),
+    "lora": (bench_lora.add_args, bench_lora.run,
+             "LoRA vs full fine-tuning on one model: parameters, optimizer state, update time"),
     "sampler": (add_sampler_args, run_sampler,
                 "decode tokens/s vs transformers generate, and fraction of matmul peak"),
     "ablate": (add_ablate_args, run_ablate,

@@ -1,6 +1,6 @@
 """Tiny Hugging Face policies and GSM8K / MATH files for trainer tests.
 
-``write_policy`` saves a random two-layer Qwen2 (or Llama) checkpoint with ``save_pretrained`` and
+``write_policy`` saves a random two-layer Qwen2 (or Llama, or Qwen3) checkpoint with ``save_pretrained`` and
 a byte-level BPE ``tokenizer.json`` trained on the given texts, with Qwen's special tokens
 (``<|endoftext|>`` as eos and pad, ``<|im_start|>``, ``<|im_end|>``). The model's vocabulary is
 a little larger than the tokenizer's, as in the Qwen checkpoints.
@@ -110,6 +110,7 @@ def write_policy(path, *, texts=(), architecture: str = "qwen2", tie_embeddings:
       vocab_size=tok.get_vocab_size() + 13, hidden_size=8 * heads_per_kv, num_layers=num_layers,
       num_heads=heads_per_kv, num_kv_heads=1, intermediate_size=64, rope_theta=rope_theta,
       rms_norm_eps=rms_norm_eps, qkv_bias=architecture == "qwen2",
+      qk_norm=architecture == "qwen3",
       tie_embeddings=tie_embeddings, max_seq_len=max_seq_len)
   model = init_model(cfg, seed=seed)
   with tempfile.TemporaryDirectory() as staging:

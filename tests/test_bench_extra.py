@@ -1,4 +1,4 @@
-"""scripts/benchmarks/averaging.py and roundtrip.py: quick runs write the documented JSON.
+"""scripts/benchmarks/averaging.py, roundtrip.py and lora.py: quick runs write the documented JSON.
 
 Each benchmark's ``run`` is called in a fresh interpreter (the round-trip benchmark counts XLA
 compilations, which needs a process whose jit caches start empty). No timing assertions: the
@@ -70,6 +70,26 @@ def test_averaging_quick(tmp_path):
     f = data["fit"][method]
     assert f["trees_per_checkpoint"] == pytest.approx(f["mib_per_checkpoint"] / s["tree_mb"])
   assert "| K | streaming ms | naive ms |" in stdout
+
+
+def test_lora_quick(tmp_path):
+  data, stdout = _run(tmp_path, "lora", "--quick", "--data-dir", str(tmp_path / "data"))
+  assert data["benchmark"] == "lora"
+  s = data["settings"]
+  assert s["quick"] and s["rank"] == 8 and s["config"]["lora_rank"] == 8
+  full, adapted = data["results"]
+  assert (full["mode"], full["rank"], adapted["mode"]) == ("full", 0, "lora r=8")
+  # The same model: LoRA adds the adapters to the parameters and trains only them.
+  assert full["trainable"] == full["params"] > 0
+  assert 0 < adapted["trainable"] == adapted["params"] - full["params"]
+  # AdamW: two float32 moments per trained parameter and an int32 count.
+  for r in (full, adapted):
+    assert r["opt_state_bytes"] == 2 * 4 * r["trainable"] + 4
+    assert r["param_bytes"] == 4 * r["params"]
+    assert r["update_s"] > 0 and r["step_s"] > 0
+  assert data["lora_over_full"]["opt_state"] == pytest.approx(
+      adapted["opt_state_bytes"] / full["opt_state_bytes"])
+  assert "| mode | params | trainable |" in stdout and "| lora r=8 |" in stdout
 
 
 def test_roundtrip_quick(tmp_path):

@@ -13,6 +13,11 @@ Post hoc::
     params = averaging.average(src.load, plan, progress=True)
     averaging.write_params(out_dir, params, plan.to_json())
 
+LoRA runs: average the merged weights W + alpha / r * A B of each checkpoint, never the factors
+A and B (the product is bilinear, so averaged factors do not give averaged weights). The run loop
+does (``Trainer.averaging_params``), and so does ``rlpost.train.export`` (``--average``);
+``scripts/average.py``, which sees flat leaves only, refuses LoRA checkpoints.
+
 See ``transforms``, ``weights``, ``streaming``, ``checkpoints`` and ``posthoc``.
 """
 

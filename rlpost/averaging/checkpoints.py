@@ -367,6 +367,14 @@ class CheckpointSource:
     n = meta.get("param_leaves") if isinstance(meta, dict) else None
     return int(n) if isinstance(n, int) and n > 0 else None
 
+  def run_config(self, step: int | None = None) -> dict:
+    """The run config rlpost's run loop recorded in the meta item of ``step`` (default: the
+    latest checkpoint); {} when there is none."""
+    step = self.steps[-1] if step is None and self.steps else step
+    meta = self._meta(step) if step is not None else None
+    config = meta.get("config") if isinstance(meta, dict) else None
+    return config if isinstance(config, dict) else {}
+
   def metrics(self, step: int) -> dict:
     """Scalar metrics recorded for ``step``: orbax's step metrics, then the meta item's
     "metrics" dict and top-level numbers (later sources do not override earlier ones)."""

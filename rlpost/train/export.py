@@ -17,6 +17,11 @@ The directory holds config.json, model.safetensors, the tokenizer files and ``ex
                   records), with its ``CharTokenizer`` as a WordLevel tokenizer.json
                   (``hf.write_char_tokenizer``) and a generation_config.json; pad 0, bos 1, eos 2.
 
+LoRA runs (``lora_rank`` > 0) are exported merged: each checkpoint's adapters are folded into
+their kernels (``lora.merge_params``: W + alpha / r * A B) as it is read, so the directory is an
+ordinary model of the base architecture, and an average is the average of the merged weights of
+its checkpoints (never of the factors A and B, whose product is bilinear).
+
 ``plan_export`` checks every input before any array is read or anything is written; its errors
 are one line (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError). Parameters are
 read alone from the run's checkpoints (``averaging.CheckpointSource``: an orbax partial restore,
@@ -37,7 +42,7 @@ import jax
 from flax import nnx
 
 from rlpost import averaging
-from rlpost.models import hf
+from rlpost.models import hf, lora
 from rlpost.models import transformer as tfm
 from rlpost.tasks.tokenizer import CharTokenizer
 from rlpost.train import config as config_lib
@@ -168,16 +173,36 @@ def model_config(plan: ExportPlan, log: Callable[[str], None] = print
   return cfg, hf.architecture_for(cfg)
 
 
+def lora_config(plan: ExportPlan) -> lora.LoraConfig | None:
+  """The run's LoRA adapters (``RLConfig.lora_config``), None for a full fine-tuning run."""
+  keys = ("lora_rank", "lora_alpha", "lora_targets", "seed")
+  return RLConfig(**{k: plan.config[k] for k in keys if k in plan.config}).lora_config()
+
+
 def load_model(plan: ExportPlan, cfg: tfm.TransformerConfig, *,
                progress: bool = False) -> tfm.Transformer:
-  """The model of ``cfg`` with the planned checkpoint's (or average's) parameters.
+  """The model of ``cfg`` with the planned checkpoint's (or average's) parameters; a LoRA
+  run's adapters merged into the kernels of each checkpoint before averaging.
 
   Reads the parameter leaves alone (the count the run loop declares in each checkpoint) and
-  checks them against the model's leaves, shape and dtype, naming the first that differs.
+  checks them against the model's leaves (with its adapters for a LoRA run), shape and dtype,
+  naming the first that differs.
   """
-  abstract = nnx.eval_shape(lambda: tfm.Transformer(cfg, rngs=nnx.Rngs(0)))
-  graphdef, abstract_state = nnx.split(abstract)
-  want, treedef = jax.tree.flatten(abstract_state)
+  adapters = lora_config(plan)
+
+  def build(with_adapters: bool):
+    model = tfm.Transformer(cfg, rngs=nnx.Rngs(0))
+    return lora.apply(model, adapters) if with_adapters else model
+
+  graphdef, base_state = nnx.split(nnx.eval_shape(lambda: build(False)))
+  run_state = nnx.split(nnx.eval_shape(lambda: build(adapters is not None)))[1]
+  want, treedef = jax.tree.flatten(run_state)
+
+  def load(step):
+    values = src.load(step)
+    params = jax.tree.unflatten(treedef, [values[k] for k in src.keys])
+    return params if adapters is None else lora.merge_params(params, scale=adapters.scale)
+
   with averaging.CheckpointSource(plan.checkpoints, keys="auto") as src:
     got = src.validate([s for s, w in zip(plan.plan.items, plan.plan.weights) if w != 0])
     if len(src.keys) != len(want):
@@ -187,9 +212,10 @@ def load_model(plan: ExportPlan, cfg: tfm.TransformerConfig, *,
       if got[k] != (tuple(x.shape), x.dtype):
         raise ValueError(f"checkpoint parameter {k} is {got[k][1]}{list(got[k][0])} but the "
                          f"model rebuilt from the run's config expects {x.dtype}{list(x.shape)}")
-    values = averaging.average(src.load, plan.plan, progress=progress)
-  leaves = [values[k].astype(x.dtype) for k, x in zip(src.keys, want)]
-  return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+    values = averaging.average(load, plan.plan, progress=progress)
+  leaves, base_treedef = jax.tree.flatten(base_state)
+  return nnx.merge(graphdef, jax.tree.unflatten(
+      base_treedef, [v.astype(x.dtype) for v, x in zip(jax.tree.leaves(values), leaves)]))
 
 
 def export_run(run_dir: str, out: str, *, step: int | None = None, average: str | None = None,
@@ -203,6 +229,9 @@ def export_run(run_dir: str, out: str, *, step: int | None = None, average: str 
   model = load_model(plan, cfg, progress=progress)
   info = {"run_dir": plan.run_dir, "average": plan.average, "plan": plan.plan.to_json(),
           "architecture": arch, "policy": plan.policy or None}
+  adapters = lora_config(plan)
+  if adapters is not None:
+    info["lora"] = dict(dataclasses.asdict(adapters), merged=True)
   with tempfile.TemporaryDirectory(prefix="rlpost-export-") as staging:
     files = [Path(staging) / INFO_FILE]
     with open(files[0], "w") as f:
@@ -221,6 +250,7 @@ def export_run(run_dir: str, out: str, *, step: int | None = None, average: str 
                          overwrite=plan.replace, **ids)
   what = (f"the {plan.average} average of steps {list(plan.plan.items)}" if plan.average
           else f"step {plan.plan.items[0]}")
-  log(f"exported {what} of {plan.run_dir} ({arch}, {cfg.num_params() / 1e6:.2f}M parameters) "
-      f"to {plan.out}")
+  merged = "" if adapters is None else f", LoRA rank {adapters.rank} adapters merged"
+  log(f"exported {what} of {plan.run_dir} ({arch}, {cfg.num_params() / 1e6:.2f}M parameters"
+      f"{merged}) to {plan.out}")
   return Path(plan.out)

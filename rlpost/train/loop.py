@@ -126,7 +126,10 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
   state = trainer.init_state()
   # Weight averages (LAWA, EMA, ...) travel beside the train state and in its checkpoints, so a
   # resumed run continues its averages exactly.
-  tracker = averaging.Tracker(cfg.averaging, state.params) if cfg.averaging else None
+  # With LoRA, averages of the merged weights (``Trainer.averaging_params``).
+  avg_params = trainer.averaging_params
+  tracker = (averaging.Tracker(cfg.averaging, avg_params(state.params)) if cfg.averaging
+             else None)
   like = (state, tracker.state) if tracker else state
   try:
     resumed_from, restored, meta = ckpt.restore_latest(like, fallback=cfg.resume_fallback, log=log)
@@ -150,7 +153,7 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
     if resumed_from >= cfg.steps:
       log(f"run already finished at step {resumed_from} (steps={cfg.steps}); nothing to do")
       ckpt.close()
-      averages = tracker.results(state.params) if tracker is not None else {}
+      averages = tracker.results(avg_params(state.params)) if tracker is not None else {}
       return {"state": state, "evals": evals, "resumed_from": resumed_from, "averages": averages}
   else:
     if os.path.exists(metrics_path):
@@ -173,7 +176,8 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
                          f"samples at step {step}{extra}...")
     res = evaluate(state.params)
     if tracker is not None and step > 0:
-      res.update(tracker.evaluate(evaluate, state.params, keys=("pass@1", "pass@4")))
+      res.update(tracker.evaluate(evaluate, avg_params(state.params),
+                                  keys=("pass@1", "pass@4")))
     res["step"] = step
     res["eval_seconds"] = time.perf_counter() - t0
     evals.append(res)
@@ -221,7 +225,7 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
         raise FloatingPointError(f"{e}; run stopped, {where}") from None
       state = new_state
       if tracker is not None:
-        tracker.update(state.params)
+        tracker.update(avg_params(state.params))
       metrics["step_seconds"] = time.perf_counter() - t0
       history.append(metrics)
       _append(metrics_path, {"step": step, **{f"train/{k}": v for k, v in metrics.items()}})
@@ -252,7 +256,7 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
       bar.close()
     trackers.close()
     ckpt.close()
-  averages = tracker.results(state.params) if tracker is not None else {}
+  averages = tracker.results(avg_params(state.params)) if tracker is not None else {}
   return {"state": state, "evals": evals, "resumed_from": resumed_from, "averages": averages}
 
 

@@ -29,8 +29,14 @@ def _median_time(fn, *args, repeats: int) -> tuple[float, float]:
   return statistics.median(times), spread
 
 
-def time_split(trainer: Trainer, state: RLState | None = None, *, repeats: int = 5) -> dict:
-  """Median seconds (and half-range spread) of each part of one RL step and of the fused step."""
+def time_split(trainer: Trainer, state: RLState | None = None, *, repeats: int = 5,
+               memory: bool = False) -> dict:
+  """Median seconds (and half-range spread) of each part of one RL step and of the fused step.
+
+  ``memory``: also ``update_temp_bytes``, the XLA temporary buffers of the compiled update part
+  (activations, gradients, optimizer moments in flight), None where the backend has no memory
+  analysis.
+  """
   state = trainer.init_state() if state is None else state
   cfg = trainer.cfg
   data = trainer.train_data
@@ -61,7 +67,13 @@ def time_split(trainer: Trainer, state: RLState | None = None, *, repeats: int =
   out["update"] = _median_time(update, state, collected, repeats=repeats)
   out["fused_step"] = _median_time(trainer.step, state, repeats=repeats)
   tokens = int(jnp.sum(ro.mask))
+  if memory:
+    stats = update.lower(state, collected).compile().memory_analysis()
+    out_memory = {"update_temp_bytes": None if stats is None else int(stats.temp_size_in_bytes)}
+  else:
+    out_memory = {}
   return {
+      **out_memory,
       **{f"{k}_s": v[0] for k, v in out.items()},
       **{f"{k}_spread_s": v[1] for k, v in out.items()},
       "rollouts": p * g,

@@ -18,6 +18,10 @@ them (in JAX when the task has a JAX reward and the tokenizer is the character o
 batched host callback otherwise), compute advantages with the recipe's chain (its state carried
 in ``RLState.adv_state`` and checkpointed), then the optimizer epochs (``rlpost.train.update``).
 
+LoRA (``lora_rank`` > 0): the policy carries adapters (``setup.build``), only they are trained
+(``make_update``'s ``trainable``: ``lora.trainable_mask``) and the optimizer state holds only
+theirs; ``ref_params`` is the adapted policy at step 0, whose zero B makes it the base model.
+
 Shape legend: P prompts per step, G rollouts per prompt, B rows, Tp prompt buffer, N max new
 tokens. A run is a function of (config, seed): the state carries the PRNG key, the step and the
 data cursor, and every random draw of step s derives from ``fold_in(key, s)``.
@@ -25,6 +29,7 @@ data cursor, and every random draw of step s derives from ``fold_in(key, s)``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -35,6 +40,7 @@ from flax import nnx
 
 from rlpost import objectives as obj
 from rlpost import sampling, sharding
+from rlpost.models import lora
 from rlpost.models import transformer as tfm
 from rlpost.rollouts import allocate
 from rlpost.tasks import base as task_base
@@ -45,7 +51,7 @@ from rlpost.train.evaluate import make_evaluate
 from rlpost.train.guards import all_finite, raise_if_bad  # noqa: F401  (re-exported)
 from rlpost.train.rl_config import (DEFAULT_MODEL, POLICY_MODEL_KEYS,  # noqa: F401
                                     RLConfig, build_recipe, learning_rate)
-from rlpost.train.update import make_update, row_chunks
+from rlpost.train.update import make_update, row_chunks, split_trainable
 from rlpost.types import RolloutBatch
 
 
@@ -84,9 +90,13 @@ class Trainer:
 
   def __init__(self, cfg: RLConfig, *, log: Callable[[str], None] = print,
                optimizer: optax.GradientTransformation | None = None, progress: bool = True):
-    """``optimizer`` replaces the configured one (global-norm clipping and AdamW);
-    ``progress=False`` turns off the SFT warm start's progress bar."""
+    """``optimizer`` replaces the configured one (global-norm clipping and AdamW; with LoRA
+    it sees the adapters alone); ``progress=False`` turns off the SFT warm start's progress
+    bar."""
     self.cfg, self.log = cfg, log
+    self.lora = cfg.lora_config()
+    # The parameters the optimizer trains (a mask function), None for all of them.
+    self.trainable = lora.trainable_mask if self.lora else None
     s = setup.build(cfg, log, progress=progress)
     self.task, self.rows = s.task, s.records
     self.tok, self.stop_tokens, self.pad_id = s.policy.tokenizer, s.policy.stop_ids, s.policy.pad_id
@@ -116,6 +126,7 @@ class Trainer:
         reward=lambda t, m, i: self.reward(t, m, i, self.test_data, split_id=1))
     self.num_traces = 0
     self._jit_step = None
+    self._merge = None
 
   def reward(self, tokens, mask, idx, data: TaskArrays, *, split_id: int = 0):
     """Rewards [B] float32 and correctness [B] bool of completions of prompts ``idx`` [B]."""
@@ -127,6 +138,23 @@ class Trainer:
     """Constrain x's leading (rollout) dimension to be split over the mesh."""
     spec = sharding.batch_spec(x.ndim)
     return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(self.mesh, spec))
+
+  def trainable_params(self, params):
+    """The part of ``params`` the optimizer trains and holds state for (with LoRA the
+    adapters, the rest None; else all of ``params``)."""
+    return split_trainable(params, self.trainable)[0]
+
+  def averaging_params(self, params):
+    """What weight averages (``averaging``) are taken of: ``params``, or with LoRA the merged
+    weights W + s A B with B = 0 (``lora.merge_params(keep_adapters=True)``; same tree and
+    graph). Averaging the factors A and B separately would not average the weights: the
+    product is bilinear."""
+    if self.lora is None:
+      return params
+    if self._merge is None:
+      self._merge = jax.jit(functools.partial(lora.merge_params, scale=self.lora.scale,
+                                              keep_adapters=True))
+    return self._merge(params)
 
   def reference_model(self) -> tfm.Transformer:
     """The starting policy as a module (``nnx.merge`` of the graph and ``ref_params``)."""
@@ -171,13 +199,14 @@ def _make_fns(tr: Trainer) -> TrainFns:
   update_epochs = make_update(recipe=recipe, optimizer=tr.optimizer, policy_logp=policy_logp,
                               num_iterations=cfg.num_iterations,
                               num_minibatches=cfg.num_minibatches, grad_accum=cfg.grad_accum,
-                              constrain=rows)
+                              constrain=rows, trainable=tr.trainable)
 
   def init(params, seed: int) -> RLState:
     replicated = jax.sharding.NamedSharding(tr.mesh, jax.sharding.PartitionSpec())
     rest = [sharding.put(x, replicated) for x in
             (jax.random.key_data(jax.random.key(seed)), jnp.int32(0), jnp.int32(0))]
-    opt_state = jax.jit(tr.optimizer.init)(params)  # moments follow the parameters' sharding
+    # Moments follow the parameters' sharding; with LoRA only the adapters have any.
+    opt_state = jax.jit(tr.optimizer.init)(tr.trainable_params(params))
     # Placed explicitly (committed), as the step's outputs are: jit keys its cache on
     # committed-ness, so uncommitted moments would compile the step a second time at step 2.
     n_dev = len(tr.mesh.devices.flat)

@@ -16,6 +16,7 @@ import jax
 import optax
 
 from rlpost import objectives as obj
+from rlpost.models import lora
 from rlpost.models import transformer as tfm
 from rlpost.tasks import base as task_base
 from rlpost.tasks import builders, math_data
@@ -88,6 +89,10 @@ class RLConfig:
   grad_accum: int = 1
   remat: bool = False
   logits_chunk: int = 0
+  # LoRA (rlpost.models.lora): train rank-r adapters on these projections, the base frozen
+  lora_rank: int = 0  # 0: full fine-tuning
+  lora_alpha: float = 16.0
+  lora_targets: str = ",".join(lora.DEFAULT_TARGETS)
   # rollouts sampled in sequential chunks of this many rows (0: all at once): bounds the KV cache
   rollout_chunk: int = 0
   steps: int = 500
@@ -188,6 +193,13 @@ class RLConfig:
     need(self.grad_accum >= 1, "grad_accum", "must be >= 1")
     need(self.logits_chunk >= 0, "logits_chunk", "must be >= 0")
     need(self.eval_samples >= 1, "eval_samples", "must be >= 1")
+    need(self.lora_rank >= 0, "lora_rank", "must be >= 0 (0: full fine-tuning, no adapters)")
+    need(math.isfinite(self.lora_alpha) and self.lora_alpha > 0, "lora_alpha",
+         "must be a finite number > 0 (the adapters' output is scaled by alpha / rank)")
+    try:
+      lora.LoraConfig(rank=1, targets=lora.parse_targets(self.lora_targets))
+    except ValueError as e:
+      raise ValueError(f"config key 'lora_targets': {e} (got {self.lora_targets!r})") from None
     if self.averaging:
       from rlpost import averaging
 
@@ -254,6 +266,13 @@ class RLConfig:
       raise ValueError(f"config key 'model': unknown TransformerConfig field(s) {sorted(unknown)}")
 
 
+  def lora_config(self) -> lora.LoraConfig | None:
+    """The adapters' config (seeded by ``seed``), or None when ``lora_rank`` is 0."""
+    if not self.lora_rank:
+      return None
+    return lora.LoraConfig(rank=self.lora_rank, alpha=self.lora_alpha,
+                           targets=lora.parse_targets(self.lora_targets), seed=self.seed)
+
   @property
   def resolved_dars_budget(self) -> int:
     if not self.dars_schedule:
@@ -310,6 +329,11 @@ HELP = {
     "grad_accum": "micro-batches per mini-batch (memory; the update is unchanged)",
     "remat": "recompute each layer in the backward pass (memory)",
     "logits_chunk": "LM head over this many completion positions at a time (memory; 0: all)",
+    "lora_rank": "LoRA: rank of the adapters trained with the base weights frozen (0: full "
+                 "fine-tuning); exports merge them",
+    "lora_alpha": "LoRA: the adapters' output is scaled by lora_alpha / lora_rank",
+    "lora_targets": "LoRA: comma-separated projections to adapt in every layer: q_proj, k_proj, "
+                    "v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head",
     "rollout_chunk": "sample this many rows at a time (bounds the KV cache; 0: all)",
     "steps": "RL steps",
     "seed": "seed of the RL run (sampling, advantages, mini-batches)",

@@ -5,6 +5,8 @@ the policy's tokenizer (``Tokenizer.encode_prompt``, after ``prompt_template`` f
 use one), drops prompts longer than ``max_prompt_tokens``, and builds the policy: a Hugging Face
 checkpoint as loaded (``policy=/path``), or the character model sized to the prompts and
 demonstrations and SFT warm-started on the train split's demonstrations (cached by content).
+With ``lora_rank`` > 0 the policy is then given LoRA adapters (``rlpost.models.lora.apply``,
+B = 0: the same function as before), so its graph and parameters include them.
 ``character_model_config(cfg, log)`` gives that model's size alone (for export), without a model or
 a warm start.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+from rlpost.models import lora
 from rlpost.models import transformer as tfm
 from rlpost.models.policy import Policy
 from rlpost.tasks import base as task_base
@@ -60,12 +63,28 @@ def build(cfg: RLConfig, log: Callable[[str], None], *, progress: bool = True) -
         f"{tok.vocab_size} tokens, stop ids {list(policy.stop_ids)}, pad id {policy.pad_id}; "
         f"{len(records['train'])} train / {len(records['test'])} test prompts of <= {tp} "
         "tokens; no SFT warm start")
+  if cfg.lora_rank:
+    policy = with_adapters(policy, cfg.lora_config(), log)
   jax_reward = task.jax_reward is not None and isinstance(tok, CharTokenizer)
   arrays = {split: task_base.task_arrays(
       records[split], ids[split], pad_id=policy.pad_id, length=tp,
       answers=task.answer_arrays(records[split], tok) if jax_reward else None)
       for split in task_base.SPLITS}
   return Setup(task, records, policy, arrays["train"], arrays["test"], max_new)
+
+
+def with_adapters(policy: Policy, lora_cfg: lora.LoraConfig,
+                  log: Callable[[str], None] = print) -> Policy:
+  """``policy`` with fresh LoRA adapters (``lora.apply``) on ``lora_cfg.targets``."""
+  try:
+    model = lora.apply(policy.model(), lora_cfg)
+  except ValueError as e:
+    raise ValueError(f"config key 'lora_targets': {e}") from None
+  adapted = Policy.from_model(model, policy.tokenizer, policy.stop_ids)
+  total, trainable = lora.count(adapted.params)
+  log(f"LoRA rank {lora_cfg.rank} (alpha {lora_cfg.alpha:g}) on {', '.join(lora_cfg.targets)}: "
+      f"{trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.2f}%)")
+  return adapted
 
 
 def _encode_prompts(cfg: RLConfig, task: Task, records: dict, tok, log):

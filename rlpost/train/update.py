@@ -7,6 +7,14 @@ micro-batches. Losses are (sum, denominator) pairs (``rlpost.objectives.LossPart
 denominators do not depend on the parameters, so a mini-batch's loss and gradient are the same
 whatever ``grad_accum`` is.
 
+Frozen parameters (LoRA): with ``trainable`` (a function of the parameters giving a mask, e.g.
+``rlpost.models.lora.trainable_mask``) the parameters are split into the trainable part and the
+frozen rest (``lora.partition``); the gradient is taken with respect to the trainable part alone,
+the rest entering the loss through ``jax.lax.stop_gradient`` (no weight gradient is computed
+for it, and gradient accumulation carries only the trainable part's), and the optimizer sees
+only the trainable part: its state must come from
+``optimizer.init(split_trainable(params, trainable)[0])``.
+
 Shape legend: B rollout rows, Tp prompt buffer, T completion tokens.
 """
 
@@ -19,6 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from rlpost import objectives as obj
+from rlpost.models import lora
 from rlpost.types import RolloutBatch
 
 
@@ -30,9 +39,23 @@ def row_chunks(fn: Callable, b: int, chunk: int) -> jax.Array:
   return jax.tree.map(lambda x: x.reshape(b, *x.shape[2:]), out)
 
 
+def split_trainable(params, trainable: Callable | None):
+  """(trainable part, frozen rest or None) of ``params`` under the mask ``trainable(params)``
+  (None: everything is trainable)."""
+  if trainable is None:
+    return params, None
+  return lora.partition(params, trainable(params))
+
+
+def join_trainable(train, frozen):
+  """The inverse of ``split_trainable``."""
+  return train if frozen is None else lora.combine(train, frozen)
+
+
 def make_update(*, recipe: obj.Recipe, optimizer: optax.GradientTransformation,
                 policy_logp: Callable, num_iterations: int, num_minibatches: int,
-                grad_accum: int, constrain: Callable = lambda x: x) -> Callable:
+                grad_accum: int, constrain: Callable = lambda x: x,
+                trainable: Callable | None = None) -> Callable:
   """The update epochs of one step.
 
   Args:
@@ -41,6 +64,8 @@ def make_update(*, recipe: obj.Recipe, optimizer: optax.GradientTransformation,
     policy_logp: ``(params, prompts [R, Tp], pmask, tokens [R, T], tmask, *, entropy) ->
       (logp [R, T], entropy [R, T] or None)``, differentiable in ``params``.
     constrain: applied to row-index arrays (the rows' sharding over a mesh).
+    trainable: ``params -> mask`` (a prefix tree of bools) of the parameters to train; the rest
+      stay bitwise unchanged and get no gradient. None: all.
 
   Returns:
     ``update(params, opt_state, batch, prompts, pmask, adv, key) -> (params, opt_state,
@@ -65,29 +90,34 @@ def make_update(*, recipe: obj.Recipe, optimizer: optax.GradientTransformation,
     return parts, (metrics, mismatch)
 
   def minibatch_grads(params, rows, *data):
-    """(loss, metrics, mismatch, grads) of one mini-batch, over grad_accum micro-batches."""
+    """(loss, metrics, mismatch, grads) of one mini-batch, over grad_accum micro-batches;
+    grads are those of the trainable part (``split_trainable``)."""
+    train, frozen = split_trainable(params, trainable)
+    if frozen is not None:
+      frozen = jax.lax.stop_gradient(frozen)
+    parts_of = lambda t, r: loss_parts(join_trainable(t, frozen), r, *data)  # noqa: E731
     if grad_accum == 1:
-      def loss_fn(params):
-        parts, aux = loss_parts(params, rows, *data)
+      def loss_fn(train):
+        parts, aux = parts_of(train, rows)
         return obj.finalize(parts), aux
 
-      (loss, (metrics, mismatch)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+      (loss, (metrics, mismatch)), grads = jax.value_and_grad(loss_fn, has_aux=True)(train)
       return loss, metrics, obj.finalize(mismatch), grads
 
     def micro(acc, r):
       # d(sum)/d(params) per micro-batch; the denominators do not depend on the parameters, so
       # the mini-batch gradient is the summed one over the summed denominator.
-      def sum_fn(params):
-        parts, aux = loss_parts(params, r, *data)
+      def sum_fn(train):
+        parts, aux = parts_of(train, r)
         return parts.sum, (parts, aux)
 
-      (_, out), g = jax.value_and_grad(sum_fn, has_aux=True)(params)
+      (_, out), g = jax.value_and_grad(sum_fn, has_aux=True)(train)
       return jax.tree.map(jnp.add, acc, (g, out)), None
 
     micro_rows = rows.reshape(grad_accum, -1)
     shapes = jax.eval_shape(
-        lambda p, r: (jax.grad(lambda q: loss_parts(q, r, *data)[0].sum)(p),
-                      loss_parts(p, r, *data)), params, micro_rows[0])
+        lambda p, r: (jax.grad(lambda q: parts_of(q, r)[0].sum)(p), parts_of(p, r)),
+        train, micro_rows[0])
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
     (g_sum, (parts, (metrics, mismatch))), _ = jax.lax.scan(micro, zeros, micro_rows)
     grads = jax.tree.map(lambda g: obj.safe_divide(g, parts.denominator), g_sum)
@@ -100,8 +130,9 @@ def make_update(*, recipe: obj.Recipe, optimizer: optax.GradientTransformation,
     def minibatch_update(carry, rows):
       params, opt_state = carry
       loss, metrics, mismatch, grads = minibatch_grads(params, rows, batch, prompts, pmask, adv)
-      updates, opt_state = optimizer.update(grads, opt_state, params)
-      params = optax.apply_updates(params, updates)
+      train, frozen = split_trainable(params, trainable)
+      updates, opt_state = optimizer.update(grads, opt_state, train)
+      params = join_trainable(optax.apply_updates(train, updates), frozen)
       stats = {k: obj.finalize(v) for k, v in metrics.items()}
       stats.update(logp_mismatch=mismatch, loss=loss, grad_norm=optax.tree.norm(grads))
       return (params, opt_state), stats
