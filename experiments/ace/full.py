@@ -43,10 +43,12 @@ Hardware: accelerators; verl's recipe is written for 8 nodes x 8 GPUs with seque
 gradient checkpointing and parameter offload. Planned here with rollouts sampled 128 rows at a
 time, per-layer rematerialisation, the LM head in 512-token chunks and one row per device per
 gradient micro-batch (``full_size.with_memory_plan``). That is still not enough: XLA's memory
-analysis (compiled for CPU, one device; not measured on an accelerator) puts one 10,240-token
-row of the 7B model at 88 GiB of temporaries, most of it the attention scores of one layer
-(28 heads x 10,240^2 in float32). This configuration needs a memory-efficient (blockwise)
-attention for the training pass or sequence parallelism, which the trainer does not have yet. Runtime: not measured. Status: not run at full size here (no numbers);
+analysis (compiled for CPU, one device; not measured on an accelerator;
+``python -m scripts.benchmarks.full_memory``) puts one 10,240-token row of the 7B model at
+87.7 GiB of temporaries with the plain attention and 78.8 GiB with ``model={"attention":
+"blockwise"}`` (flash attention); 49.9 GiB of either is the remat scan's stacked copies of the
+layer parameters and their gradients (BENCHMARKS.md, "One full-size training row"). Runtime:
+not measured. Status: not run at full size here (no numbers);
 ``tests/experiments/test_full_configs.py`` builds every configuration at toy size and trains one
 run of each kind for a step.
 """

@@ -538,7 +538,7 @@ def _weight_files(path: Path) -> dict[str, Path]:
 
 
 def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32",
-                    param_dtype: str | None = None) -> Transformer:
+                    param_dtype: str | None = None, attention: str = "xla") -> Transformer:
   """Load a Hugging Face checkpoint directory of a supported architecture into a ``Transformer``.
 
   Args:
@@ -547,6 +547,7 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32",
     dtype: activation / matmul dtype name.
     param_dtype: dtype the parameters are cast to (defaults to ``dtype``), whatever dtype the
       checkpoint stores.
+    attention: ``TransformerConfig.attention`` (how uncached passes attend; not in the files).
 
   The module is built abstractly (``nnx.eval_shape``), so no random initialisation runs.
   Raises ValueError naming the tensor(s) for missing or unexpected tensors and for shape
@@ -555,6 +556,7 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32",
   """
   path = Path(path)
   config = config_from_hf(read_json(path / CONFIG_NAME), dtype=dtype, param_dtype=param_dtype)
+  config = config.replace(attention=attention)
   files = _weight_files(path)
   entries = _param_map(config)
   expected = {e.hf_name for e in entries}

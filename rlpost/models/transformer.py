@@ -41,9 +41,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-# Large negative logit used for masked attention slots. Finite (not -inf) so that a query row
-# whose every key is masked (a padding position) yields a uniform, finite softmax, never NaN.
-_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+from rlpost.models import attention as attention_lib
+from rlpost.models.attention import MASK_VALUE  # finite: a fully masked row stays finite
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -108,6 +107,9 @@ class TransformerConfig:
   # Per layer "full" or "sliding"; None: every layer "sliding" with a window, else "full".
   layer_types: tuple[str, ...] | None = None
   local_rope_theta: float | None = None  # RoPE base of sliding layers, unscaled (None: shared)
+  # Attention of passes without a KV cache (training, scoring): "xla" (materialised scores),
+  # "blockwise" (flash attention, memory O(T)) or "cudnn" (GPUs); see rlpost.models.attention.
+  attention: str = "xla"
 
   def __post_init__(self):
     if isinstance(self.rope_scaling, dict):
@@ -138,6 +140,9 @@ class TransformerConfig:
       if self.layer_types[0] == "full":
         object.__setattr__(self, "sliding_window", None)
       object.__setattr__(self, "layer_types", None)
+    if self.attention not in attention_lib.IMPLS:
+      raise ValueError(f"TransformerConfig.attention must be one of {attention_lib.IMPLS}, "
+                       f"got {self.attention!r}")
     if self.mlp_activation not in MLP_ACTIVATIONS:
       raise ValueError(f"TransformerConfig.mlp_activation must be one of {MLP_ACTIVATIONS}, "
                        f"got {self.mlp_activation!r}")
@@ -364,7 +369,9 @@ class Attention(nnx.Module):
       self.k_norm = _norm(cfg, d, rngs)
 
   def __call__(self, x, positions, attn_mask, cache: LayerCache | None, cache_index,
-               rope_cs: tuple[jax.Array, jax.Array] | None = None):
+               rope_cs: tuple[jax.Array, jax.Array] | None = None, window=None):
+    """``window``: this layer's sliding window for ``cfg.attention`` other than "xla" (whose
+    window is already in ``attn_mask``); an int, an int32 scalar, or None."""
     cfg = self.cfg
     b, t, _ = x.shape
     h, k_heads, d = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
@@ -375,6 +382,15 @@ class Attention(nnx.Module):
     q = rope(q, positions, cfg.rope_theta, cfg.rope_scaling, tables=rope_cs)
     k = rope(k, positions, cfg.rope_theta, cfg.rope_scaling, tables=rope_cs)
     v = _linear(self.v_proj, x).reshape(b, t, k_heads, d)
+    scale = (cfg.query_pre_attn_scalar if cfg.query_pre_attn_scalar is not None else d) ** -0.5
+    if cache is None and cfg.attention != "xla":
+      # The mask from positions (causal) and the validity of the tokens, which for the masks
+      # ``causal_padding_mask`` makes is the last query row's.
+      valid = attn_mask[:, -1, :]
+      out = attention_lib.attend(q, k, v, q_pos=positions, k_pos=positions, q_valid=valid,
+                                 k_valid=valid, scale=scale, window=window,
+                                 impl=cfg.attention)
+      return _linear(self.o_proj, out.reshape(b, t, h * d)), None
     k = k.transpose(0, 2, 3, 1)  # [B, K, D, T]
     v = v.transpose(0, 2, 1, 3)  # [B, K, T, D]
     if cache is not None:
@@ -386,10 +402,9 @@ class Attention(nnx.Module):
     # Queries grouped by the key/value head they share: [B, K, H/K * T, D].
     qg = q.reshape(b, t, k_heads, h // k_heads, d).transpose(0, 2, 3, 1, 4)
     qg = qg.reshape(b, k_heads, (h // k_heads) * t, d)
-    scale = (cfg.query_pre_attn_scalar if cfg.query_pre_attn_scalar is not None else d) ** -0.5
     scores = jnp.einsum("bkqd,bkds->bkqs", qg, k, preferred_element_type=jnp.float32) * scale
     scores = scores.reshape(b, k_heads, h // k_heads, t, -1)
-    scores = jnp.where(attn_mask[:, None, None, :, :], scores, _MASK_VALUE)
+    scores = jnp.where(attn_mask[:, None, None, :, :], scores, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     probs = probs.reshape(b, k_heads, (h // k_heads) * t, -1)
     out = jnp.einsum("bkqs,bksd->bkqd", probs, v)  # [B, K, G*T, D]
@@ -426,8 +441,9 @@ class Block(nnx.Module):
       self.attn_out_norm = _norm(cfg, cfg.hidden_size, rngs)
       self.mlp_out_norm = _norm(cfg, cfg.hidden_size, rngs)
 
-  def __call__(self, x, positions, attn_mask, cache, cache_index, rope_cs=None):
-    a, cache = self.attn(self.input_norm(x), positions, attn_mask, cache, cache_index, rope_cs)
+  def __call__(self, x, positions, attn_mask, cache, cache_index, rope_cs=None, window=None):
+    a, cache = self.attn(self.input_norm(x), positions, attn_mask, cache, cache_index, rope_cs,
+                         window)
     x = x + (self.attn_out_norm(a) if self.sandwich else a)
     m = self.mlp(self.post_attn_norm(x))
     x = x + (self.mlp_out_norm(m) if self.sandwich else m)
@@ -480,17 +496,24 @@ class Transformer(nnx.Module):
       x = x * jnp.asarray(cfg.hidden_size ** 0.5, cfg.params_dtype).astype(x.dtype)
     if rope_cs is None:
       rope_cs = self.rope_tables(positions)
+    # Uncached passes of the other implementations take the window as a number instead.
+    masked_window = cfg.windowed and (cache is not None or cfg.attention == "xla")
     masks = (attn_mask, window_mask(attn_mask, positions, cfg.sliding_window)
-             if cfg.windowed else attn_mask)
+             if masked_window else attn_mask)
     local = cfg.sliding_layers
     tables = (rope_cs[0], rope_cs[-1])  # (global, sliding layers')
 
+    windows = (None, cfg.sliding_window if cfg.windowed else None)
+
     def inputs(is_local):
-      """(mask, rope tables) of a layer: by a Python bool, or a traced one inside the scan."""
+      """(mask, rope tables, window) of a layer: by a Python bool, or a traced one inside the
+      scan (where a full layer's window is one longer than any sequence)."""
       if isinstance(is_local, bool):
-        return masks[is_local], tables[is_local]
+        return masks[is_local], tables[is_local], windows[is_local]
       pick = lambda g, s: jnp.where(is_local, s, g)  # noqa: E731
-      return pick(*masks), jax.tree.map(pick, *tables)
+      window = None if windows[1] is None else pick(jnp.int32(cfg.max_seq_len + 1),
+                                                     jnp.int32(windows[1]))
+      return pick(*masks), jax.tree.map(pick, *tables), window
 
     new_cache = []
     if remat and cache is None:
@@ -506,15 +529,17 @@ class Transformer(nnx.Module):
       @jax.checkpoint
       def run(x, xs):
         state, is_local = xs
-        mask, cs = inputs(is_local if mixed else local[0])
-        return nnx.merge(graphdef, state)(x, positions, mask, None, cache_index, cs)[0], None
+        mask, cs, window = inputs(is_local if mixed else local[0])
+        return nnx.merge(graphdef, state)(x, positions, mask, None, cache_index, cs,
+                                          window)[0], None
 
       x, _ = jax.lax.scan(run, x, (stacked, jnp.asarray(local)))
       new_cache = [None] * len(self.layers)
     else:
       for i, layer in enumerate(self.layers):
-        mask, cs = inputs(local[i])
-        x, c = layer(x, positions, mask, None if cache is None else cache[i], cache_index, cs)
+        mask, cs, window = inputs(local[i])
+        x, c = layer(x, positions, mask, None if cache is None else cache[i], cache_index, cs,
+                     window)
         new_cache.append(c)
     if select is not None:
       x = jnp.take_along_axis(x, select[..., None], axis=1)

@@ -26,7 +26,7 @@ DEFAULT_SFT_STEPS = 500
 DEFAULT_MODEL = dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=4,
                      intermediate_size=512, max_seq_len=64)
 # The ``model`` keys that still apply with a Hugging Face policy (its config.json fixes the rest).
-POLICY_MODEL_KEYS = ("dtype", "param_dtype", "max_seq_len")
+POLICY_MODEL_KEYS = ("dtype", "param_dtype", "max_seq_len", "attention")
 # The optional recipe inputs the trainer computes: sampler log-probs, its own log-probs of the
 # sampling parameters, the reference policy's, per-token entropy (for the chain and the loss)
 # and a PRNG key for the chain.
@@ -162,6 +162,10 @@ class RLConfig:
       seq = self.model.get("max_seq_len", 1)
       if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
         raise ValueError(f"config key 'model': max_seq_len must be a positive int (got {seq!r})")
+    impls = ("xla", "blockwise", "cudnn")
+    if self.model.get("attention", "xla") not in impls:
+      raise ValueError(f"config key 'model': attention must be one of {list(impls)} (got "
+                       f"{self.model['attention']!r})")
     for key in ("lr", "sft_lr", "b1", "b2", "weight_decay", "grad_clip", "temperature", "top_p",
                 "guard_truncated", "guard_logp_mismatch"):
       need(math.isfinite(getattr(self, key)), key, "must be a finite number")
@@ -297,7 +301,7 @@ HELP = {
     "policy": "a local Hugging Face checkpoint directory; '' is the built-in character model",
     "extra_stop_tokens": "with a policy: token strings that end a completion besides its eos ids",
     "model": "TransformerConfig fields of the character model; with a policy only dtype, "
-             "param_dtype and max_seq_len",
+             "param_dtype, max_seq_len and attention ('xla' | 'blockwise' | 'cudnn')",
     "model_seed": "seed of the character model's initialisation",
     "sft_steps": "SFT warm-start steps of the character model (unset: 500; 0 with a policy)",
     "sft_batch_size": "SFT warm-start batch size",

@@ -41,6 +41,7 @@ def build(cfg: RLConfig, log: Callable[[str], None], *, progress: bool = True) -
     policy = Policy.from_hf(cfg.policy, dtype=cfg.model.get("dtype", "float32"),
                             param_dtype=cfg.model.get("param_dtype"),
                             max_seq_len=cfg.model.get("max_seq_len"),
+                            attention=cfg.model.get("attention", "xla"),
                             extra_stop_tokens=cfg.extra_stop_tokens)
   tok = policy.tokenizer if policy else CharTokenizer()
   records = task.load(log)

@@ -1,0 +1,117 @@
+"""Memory of one training micro-batch of every full-size run (``experiments/*/full.py``).
+
+For each distinct (policy, prompt + completion length, rows per device) of the full-size
+configurations, XLA's memory analysis of the policy-gradient pass (``jax.grad`` of a loss over
+``completion_scores`` with the run's remat and LM-head chunks) is read off the compiled program,
+once with ``attention="xla"`` and once with ``attention="blockwise"``. Nothing runs: the inputs
+are abstract (``jax.ShapeDtypeStruct``) and the model is built with ``nnx.eval_shape``.
+
+Reported per program: the parameter bytes (arguments), the gradient bytes (outputs) and XLA's
+temporaries: what one device needs beyond its parameters, gradients and optimizer state. The
+analysis is of the CPU compilation (one device, no sharding); an accelerator's compiler plans
+its own buffers, so these are estimates of the same program, not device measurements.
+
+    python -m scripts.benchmarks.full_memory [--out results/bench/full_memory.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from experiments import full_size
+from rlpost.models import transformer as tfm
+
+EXPERIMENTS = ("mc_grpo", "ace", "dars")
+GIB = 2 ** 30
+
+
+def runs() -> dict[tuple, list[str]]:
+  """(policy name, prompt tokens, completion tokens, rows per device, remat, logits chunk) ->
+  the full-size runs with that training micro-batch."""
+  out: dict[tuple, list[str]] = {}
+  for exp in EXPERIMENTS:
+    full = importlib.import_module(f"experiments.{exp}.full").FULL
+    for name, cfg in full.items():
+      rows = cfg["num_prompts"] * cfg["group_size"] + cfg.get("dars_budget", 0)
+      per_device = rows // cfg.get("num_minibatches", 1) // cfg.get("grad_accum", 1)
+      per_device //= full_size.DEVICES
+      key = (cfg["policy"].rstrip("/").split("/")[-1], cfg["max_prompt_tokens"],
+             cfg["max_new_tokens"], per_device, cfg.get("remat", False),
+             cfg.get("logits_chunk", 0))
+      out.setdefault(key, []).append(f"{exp}:{name}")
+  return out
+
+
+def model_config(policy: str, attention: str) -> tfm.TransformerConfig:
+  arch = dict(full_size.POLICIES[policy])
+  arch.pop("architecture")
+  return tfm.TransformerConfig(**arch, qkv_bias=True, dtype="bfloat16", param_dtype="float32",
+                               attention=attention)
+
+
+def analyse(policy: str, prompt: int, completion: int, rows: int, remat: bool, chunk: int,
+            attention: str) -> dict:
+  """Bytes of the compiled gradient pass of one micro-batch (abstract; nothing runs)."""
+  cfg = model_config(policy, attention).replace(max_seq_len=prompt + completion)
+  graphdef, params = nnx.split(nnx.eval_shape(lambda: tfm.Transformer(cfg, rngs=nnx.Rngs(0))))
+  spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
+  args = (params, spec((rows, prompt), jnp.int32), spec((rows, prompt), bool),
+          spec((rows, completion), jnp.int32), spec((rows, completion), bool),
+          spec((rows, completion), jnp.float32))
+
+  def loss(p, pt, pm, ct, cm, adv):
+    logp, _ = tfm.completion_scores(nnx.merge(graphdef, p), pt, pm, ct, cm,
+                                    logits_chunk=chunk, remat=remat)
+    return -jnp.sum(logp * adv) / jnp.maximum(jnp.sum(cm), 1)
+
+  start = time.perf_counter()
+  stats = jax.jit(jax.grad(loss)).lower(*args).compile().memory_analysis()
+  return dict(attention=attention, compile_seconds=round(time.perf_counter() - start, 1),
+              argument_gib=stats.argument_size_in_bytes / GIB,
+              output_gib=stats.output_size_in_bytes / GIB,
+              temp_gib=stats.temp_size_in_bytes / GIB)
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--out", default="results/bench/full_memory.json")
+  args = parser.parse_args(argv)
+  rows = []
+  for (policy, prompt, completion, per_device, remat, chunk), names in runs().items():
+    for attention in ("xla", "blockwise"):
+      row = dict(policy=policy, prompt_tokens=prompt, completion_tokens=completion,
+                 rows_per_device=per_device, remat=remat, logits_chunk=chunk, runs=names,
+                 **analyse(policy, prompt, completion, per_device, remat, chunk, attention))
+      print(json.dumps(row), flush=True)
+      rows.append(row)
+  result = dict(command="python -m scripts.benchmarks.full_memory", backend=jax.default_backend(),
+                jax=jax.__version__, rows=rows)
+  with open(args.out, "w") as f:
+    json.dump(result, f, indent=2)
+  print(table(rows))
+  return result
+
+
+def table(rows: list[dict]) -> str:
+  lines = ["| policy | tokens (prompt + completion) | rows/device | runs | params GiB | "
+           "xla temp GiB | blockwise temp GiB |", "|---|---|---:|---|---:|---:|---:|"]
+  by_key: dict[tuple, dict] = {}
+  for r in rows:
+    key = (r["policy"], r["prompt_tokens"], r["completion_tokens"], r["rows_per_device"])
+    by_key.setdefault(key, {"runs": r["runs"], "params": r["argument_gib"]})[r["attention"]] = (
+        r["temp_gib"])
+  for (policy, p, c, n), v in by_key.items():
+    lines.append(f"| {policy} | {p:,} + {c:,} | {n} | {', '.join(v['runs'])} | "
+                 f"{v['params']:.1f} | {v['xla']:.1f} | {v['blockwise']:.1f} |")
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  main()
