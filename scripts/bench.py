@@ -8,6 +8,7 @@
   python scripts/bench.py averaging --out avg.json      # checkpoint averaging: memory, time vs K
   python scripts/bench.py roundtrip --out rt.json       # diffusion round trip vs forward rollout
   python scripts/bench.py lora --out lora.json          # LoRA vs full fine-tuning: memory, time
+  python scripts/bench.py seeds --out seeds.json        # K seeds vmapped in one program vs one
 
 Every subcommand takes ``--quick`` (toy size, seconds; the test suite runs each). The
 subcommands other than ``sampler`` and ``ablate`` live in ``scripts/benchmarks/`` (their module
@@ -70,6 +71,7 @@ from scripts.benchmarks.common import (  # noqa: E402
     generation_flops, layer_matmul_params, measure_matmul_peak)
 from scripts.benchmarks import roundtrip as bench_roundtrip  # noqa: E402
 from scripts.benchmarks import scaling as bench_scaling  # noqa: E402
+from scripts.benchmarks import seeds as bench_seeds  # noqa: E402
 from scripts.benchmarks import train as bench_train  # noqa: E402
 
 # ------------------------------------------------------------------------------------------
@@ -516,6 +518,8 @@ COMMANDS = {
                   "cost of the diffusion round trip at depth i vs a forward rollout of depth i"),
     "lora": (bench_lora.add_args, bench_lora.run,
              "LoRA vs full fine-tuning on one model: parameters, optimizer state, update time"),
+    "seeds": (bench_seeds.add_args, bench_seeds.run,
+              "K seeds of the GRPO step vmapped in one program vs one seed: time, memory"),
     "sampler": (add_sampler_args, run_sampler,
                 "decode tokens/s vs transformers generate, and fraction of matmul peak"),
     "ablate": (add_ablate_args, run_ablate,

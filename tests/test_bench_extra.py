@@ -127,3 +127,20 @@ def test_roundtrip_quick(tmp_path):
   assert comp["traces"] == {"rollout": 2, "round_trip": 3}
   assert comp["warmup"] >= 5 and comp["timed"] == 0
   assert "| depth i | forward ms | round trip ms |" in stdout
+
+
+def test_seeds_quick(tmp_path):
+  data, stdout = _run(tmp_path, "seeds", "--quick", "--data-dir", str(tmp_path / "data"))
+  assert data["benchmark"] == "seeds"
+  s = data["settings"]
+  assert s["quick"] and s["seeds"] == [1, 2] and s["params"] > 0
+  rows = data["results"]
+  assert [r["K"] for r in rows] == [1, 2]
+  one_state = rows[0]["state_bytes"]
+  for r in rows:
+    assert r["single_s"] > 0 and r["vmapped_s"] > 0
+    assert r["per_seed_step_s"] == pytest.approx(r["vmapped_s"] / r["K"])
+    assert r["vs_one_seed"] == pytest.approx(r["vmapped_s"] / r["single_s"])
+    # K stacked states: K copies of one seed's state.
+    assert r["state_bytes"] == r["K"] * one_state
+  assert "| K | one seed ms | vmapped ms |" in stdout
