@@ -16,6 +16,7 @@ import jax
 import optax
 
 from rlpost import objectives as obj
+from rlpost.models import attention as attention_lib
 from rlpost.models import lora
 from rlpost.models import transformer as tfm
 from rlpost.tasks import base as task_base
@@ -162,7 +163,7 @@ class RLConfig:
       seq = self.model.get("max_seq_len", 1)
       if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
         raise ValueError(f"config key 'model': max_seq_len must be a positive int (got {seq!r})")
-    impls = ("xla", "blockwise", "cudnn")
+    impls = attention_lib.IMPLS
     if self.model.get("attention", "xla") not in impls:
       raise ValueError(f"config key 'model': attention must be one of {list(impls)} (got "
                        f"{self.model['attention']!r})")
