@@ -9,6 +9,7 @@
   python scripts/bench.py roundtrip --out rt.json       # diffusion round trip vs forward rollout
   python scripts/bench.py lora --out lora.json          # LoRA vs full fine-tuning: memory, time
   python scripts/bench.py seeds --out seeds.json        # K seeds vmapped in one program vs one
+  python scripts/bench.py packing --out packing.json    # padded vs packed update vs padding
 
 Every subcommand takes ``--quick`` (toy size, seconds; the test suite runs each). The
 subcommands other than ``sampler`` and ``ablate`` live in ``scripts/benchmarks/`` (their module
@@ -67,6 +68,7 @@ from rlpost.cli import run_main  # noqa: E402
 from rlpost.models import transformer as tfm  # noqa: E402
 from scripts.benchmarks import averaging as bench_averaging  # noqa: E402
 from scripts.benchmarks import lora as bench_lora  # noqa: E402
+from scripts.benchmarks import packing as bench_packing  # noqa: E402
 from scripts.benchmarks.common import (  # noqa: E402
     generation_flops, layer_matmul_params, measure_matmul_peak)
 from scripts.benchmarks import roundtrip as bench_roundtrip  # noqa: E402
@@ -520,6 +522,8 @@ COMMANDS = {
              "LoRA vs full fine-tuning on one model: parameters, optimizer state, update time"),
     "seeds": (bench_seeds.add_args, bench_seeds.run,
               "K seeds of the GRPO step vmapped in one program vs one seed: time, memory"),
+    "packing": (bench_packing.add_args, bench_packing.run,
+                "the policy-gradient pass padded vs packed, against the share of padding"),
     "sampler": (add_sampler_args, run_sampler,
                 "decode tokens/s vs transformers generate, and fraction of matmul peak"),
     "ablate": (add_ablate_args, run_ablate,

@@ -144,3 +144,19 @@ def test_seeds_quick(tmp_path):
     # K stacked states: K copies of one seed's state.
     assert r["state_bytes"] == r["K"] * one_state
   assert "| K | one seed ms | vmapped ms |" in stdout
+
+
+def test_packing_quick(tmp_path):
+  data, stdout = _run(tmp_path, "packing", "--quick")
+  assert data["benchmark"] == "packing" and data["settings"]["quick"]
+  rows = data["results"]
+  assert [r["share"] for r in rows] == [0.7, 0.4]
+  for r in rows:
+    # the padded and packed passes compute the same loss and gradients
+    assert r["loss_gap"] < 1e-3 and r["max_grad_gap"] < 1e-4
+    assert 0 < r["real_tokens"] <= r["packed_slots"] <= 1
+    assert r["speedup"] == pytest.approx(r["padded_ms"] / r["packed_ms"])
+  # fewer real tokens pack into a smaller bucket
+  assert rows[1]["packed_slots"] < rows[0]["packed_slots"]
+  assert set(data["compile_s"]) == {"padded", "packed"}
+  assert "| real tokens | bucket (share of slots) |" in stdout

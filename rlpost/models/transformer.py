@@ -369,9 +369,12 @@ class Attention(nnx.Module):
       self.k_norm = _norm(cfg, d, rngs)
 
   def __call__(self, x, positions, attn_mask, cache: LayerCache | None, cache_index,
-               rope_cs: tuple[jax.Array, jax.Array] | None = None, window=None):
+               rope_cs: tuple[jax.Array, jax.Array] | None = None, window=None,
+               segments: jax.Array | None = None):
     """``window``: this layer's sliding window for ``cfg.attention`` other than "xla" (whose
-    window is already in ``attn_mask``); an int, an int32 scalar, or None."""
+    window is already in ``attn_mask``); an int, an int32 scalar, or None. ``segments``: [B, T]
+    int32 segment ids of packed rows (0: padding), uncached passes only; the "xla" path reads
+    the segments from ``attn_mask`` (``segment_mask``), the others from these ids."""
     cfg = self.cfg
     b, t, _ = x.shape
     h, k_heads, d = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
@@ -386,10 +389,13 @@ class Attention(nnx.Module):
     if cache is None and cfg.attention != "xla":
       # The mask from positions (causal) and the validity of the tokens, which for the masks
       # ``causal_padding_mask`` makes is the last query row's.
-      valid = attn_mask[:, -1, :]
+      if segments is None:
+        valid, seg = attn_mask[:, -1, :], None
+      else:
+        valid, seg = segments > 0, segments
       out = attention_lib.attend(q, k, v, q_pos=positions, k_pos=positions, q_valid=valid,
-                                 k_valid=valid, scale=scale, window=window,
-                                 impl=cfg.attention)
+                                 k_valid=valid, q_seg=seg, k_seg=seg, scale=scale,
+                                 window=window, impl=cfg.attention)
       return _linear(self.o_proj, out.reshape(b, t, h * d)), None
     k = k.transpose(0, 2, 3, 1)  # [B, K, D, T]
     v = v.transpose(0, 2, 1, 3)  # [B, K, T, D]
@@ -441,9 +447,10 @@ class Block(nnx.Module):
       self.attn_out_norm = _norm(cfg, cfg.hidden_size, rngs)
       self.mlp_out_norm = _norm(cfg, cfg.hidden_size, rngs)
 
-  def __call__(self, x, positions, attn_mask, cache, cache_index, rope_cs=None, window=None):
+  def __call__(self, x, positions, attn_mask, cache, cache_index, rope_cs=None, window=None,
+               segments=None):
     a, cache = self.attn(self.input_norm(x), positions, attn_mask, cache, cache_index, rope_cs,
-                         window)
+                         window, segments)
     x = x + (self.attn_out_norm(a) if self.sandwich else a)
     m = self.mlp(self.post_attn_norm(x))
     x = x + (self.mlp_out_norm(m) if self.sandwich else m)
@@ -474,8 +481,12 @@ class Transformer(nnx.Module):
 
   def hidden(self, tokens, positions, attn_mask, cache: KVCache | None = None, cache_index=0,
              rope_cs: RopeTables | None = None, select: jax.Array | None = None,
-             remat: bool = False):
+             remat: bool = False, segments: jax.Array | None = None):
     """Final-norm hidden states [B, T, E] and the updated cache.
+
+    ``segments``: for packed rows (uncached passes only), [B, T] int32 segment ids, 0 on
+    padding; ``attn_mask`` is then ``segment_mask(segments)`` and ``positions`` restart at 0
+    in every segment (``rlpost.models.packing``).
 
     ``select``: optionally slots [B, N] int32; then only those positions are normed and
     returned, [B, N, E] (what a caller that scores N tokens per row needs; the final norm is
@@ -498,7 +509,12 @@ class Transformer(nnx.Module):
       rope_cs = self.rope_tables(positions)
     # Uncached passes of the other implementations take the window as a number instead.
     masked_window = cfg.windowed and (cache is not None or cfg.attention == "xla")
-    masks = (attn_mask, window_mask(attn_mask, positions, cfg.sliding_window)
+    if segments is not None and cache is not None:
+      raise ValueError("Transformer.hidden: segments (packed rows) need an uncached pass")
+    # Without a cache the keys are the queries' own tokens, so their positions are known; the
+    # sampler's cached keys take theirs from the mask.
+    masks = (attn_mask, window_mask(attn_mask, positions, cfg.sliding_window,
+                                    key_positions=positions if cache is None else None)
              if masked_window else attn_mask)
     local = cfg.sliding_layers
     tables = (rope_cs[0], rope_cs[-1])  # (global, sliding layers')
@@ -531,7 +547,7 @@ class Transformer(nnx.Module):
         state, is_local = xs
         mask, cs, window = inputs(is_local if mixed else local[0])
         return nnx.merge(graphdef, state)(x, positions, mask, None, cache_index, cs,
-                                          window)[0], None
+                                          window, segments)[0], None
 
       x, _ = jax.lax.scan(run, x, (stacked, jnp.asarray(local)))
       new_cache = [None] * len(self.layers)
@@ -539,7 +555,7 @@ class Transformer(nnx.Module):
       for i, layer in enumerate(self.layers):
         mask, cs, window = inputs(local[i])
         x, c = layer(x, positions, mask, None if cache is None else cache[i], cache_index, cs,
-                     window)
+                     window, segments)
         new_cache.append(c)
     if select is not None:
       x = jnp.take_along_axis(x, select[..., None], axis=1)
@@ -558,15 +574,27 @@ class Transformer(nnx.Module):
     return self.logits(h), cache
 
 
-def window_mask(attn_mask: jax.Array, positions: jax.Array, window: int) -> jax.Array:
+def window_mask(attn_mask: jax.Array, positions: jax.Array, window: int,
+                key_positions: jax.Array | None = None) -> jax.Array:
   """``attn_mask`` [B, T, S] less the keys ``window`` or more positions before their query.
 
-  positions: [B, T] of the queries. A key's position is its rank among the keys the last query
-  row sees (``attn_mask[:, -1]``): the positions of ``positions_from_mask`` for a causal mask,
-  and of the sampler's prompt and decode slots.
+  positions: [B, T] of the queries. key_positions: [B, S] of the keys; None: a key's position
+  is its rank among the keys the last query row sees (``attn_mask[:, -1]``), which is the
+  position ``positions_from_mask`` gives every valid key of a causal padding mask and the
+  position of the sampler's prompt and decode slots.
   """
-  keys = jnp.cumsum(attn_mask[:, -1, :].astype(jnp.int32), axis=-1) - 1  # [B, S]
+  keys = (jnp.cumsum(attn_mask[:, -1, :].astype(jnp.int32), axis=-1) - 1
+          if key_positions is None else key_positions)  # [B, S]
   return attn_mask & (positions[:, :, None] - keys[:, None, :] < window)
+
+
+def segment_mask(segments: jax.Array) -> jax.Array:
+  """Attention mask [B, T, T] of packed rows: query i sees key j iff j <= i and both are in
+  the same segment (segments [B, T] int32, 0 = padding, which sees nothing)."""
+  t = segments.shape[-1]
+  causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+  same = segments[:, :, None] == segments[:, None, :]
+  return causal[None] & same & (segments > 0)[:, None, :]
 
 
 def positions_from_mask(mask: jax.Array) -> jax.Array:
@@ -665,9 +693,19 @@ def completion_scores(model: Transformer, prompt_tokens: jax.Array, prompt_mask:
   held (with a 150k vocabulary that is 0.6 MB per token in float32). ``remat``: per-layer
   rematerialisation of the decoder (``Transformer.hidden``). Both change memory, not values.
   """
-  b, n = completion_tokens.shape
   h = _completion_hidden(model, prompt_tokens, prompt_mask, completion_tokens, completion_mask,
                          remat=remat)  # [B, N, E]
+  return scores_from_hidden(model, h, completion_tokens, completion_mask, entropy=entropy,
+                            logits_chunk=logits_chunk)
+
+
+def scores_from_hidden(model: Transformer, h: jax.Array, completion_tokens: jax.Array,
+                       completion_mask: jax.Array, *, entropy: bool = False,
+                       logits_chunk: int = 0) -> tuple[jax.Array, jax.Array | None]:
+  """``completion_scores`` from the hidden states h [B, N, E] that predict each completion
+  token: the LM head (over chunks of ``logits_chunk`` positions when > 0), log-probs and
+  optionally the entropy."""
+  b, n = completion_tokens.shape
   if logits_chunk <= 0 or logits_chunk >= n:
     logp, ent = _score_chunk(model, h, completion_tokens, entropy)
   else:

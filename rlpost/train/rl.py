@@ -40,7 +40,7 @@ from flax import nnx
 
 from rlpost import objectives as obj
 from rlpost import sampling, sharding
-from rlpost.models import lora
+from rlpost.models import lora, packing
 from rlpost.models import transformer as tfm
 from rlpost.rollouts import allocate
 from rlpost.tasks import base as task_base
@@ -97,6 +97,9 @@ class Trainer:
     self.lora = cfg.lora_config()
     # The parameters the optimizer trains (a mask function), None for all of them.
     self.trainable = lora.trainable_mask if self.lora else None
+    # Padding-free scoring buckets (rlpost.models.packing), None for the padded pass.
+    self.packing = (packing.Buckets(tuple(float(f) for f in cfg.pack_buckets),
+                                    cfg.pack_bin_rows) if cfg.pack_buckets else None)
     s = setup.build(cfg, log, progress=progress)
     self.task, self.rows = s.task, s.records
     self.tok, self.stop_tokens, self.pad_id = s.policy.tokenizer, s.policy.stop_ids, s.policy.pad_id
@@ -199,7 +202,7 @@ def _make_fns(tr: Trainer) -> TrainFns:
   update_epochs = make_update(recipe=recipe, optimizer=tr.optimizer, policy_logp=policy_logp,
                               num_iterations=cfg.num_iterations,
                               num_minibatches=cfg.num_minibatches, grad_accum=cfg.grad_accum,
-                              constrain=rows, trainable=tr.trainable)
+                              constrain=rows, trainable=tr.trainable, packing=tr.packing)
 
   def init(params, seed: int) -> RLState:
     replicated = jax.sharding.NamedSharding(tr.mesh, jax.sharding.PartitionSpec())
@@ -254,8 +257,11 @@ def _make_fns(tr: Trainer) -> TrainFns:
     def scores(params, entropy=False):
       def fn(r):
         r = rows(r)
-        return policy_logp(params, ro.prompts[r], ro.pmask[r], ro.tokens[r], ro.mask[r],
-                           entropy=entropy)
+        pmask, tmask = ro.pmask[r], ro.mask[r]
+        score = lambda num_bins: policy_logp(  # noqa: E731
+            params, ro.prompts[r], pmask, ro.tokens[r], tmask, entropy=entropy,
+            num_bins=num_bins)
+        return score(None) if tr.packing is None else tr.packing.run(score, pmask, tmask)
       return jax.lax.stop_gradient(row_chunks(fn, b, chunk))
 
     ref_logp = scores(ref_params)[0] if "ref_logp" in needs else None
@@ -302,11 +308,18 @@ def _make_fns(tr: Trainer) -> TrainFns:
 
 
 def _policy_logp(tr: Trainer) -> Callable:
-  def fn(params, prompts, pmask, tokens, tmask, *, entropy: bool = False):
-    """logp [R, N] of completions under ``params`` and, with ``entropy``, the token entropy."""
-    return tfm.completion_scores(nnx.merge(tr.graphdef, params), prompts, pmask, tokens, tmask,
-                                 entropy=entropy, logits_chunk=tr.cfg.logits_chunk,
-                                 remat=tr.cfg.remat)
+  cfg = tr.cfg
+
+  def fn(params, prompts, pmask, tokens, tmask, *, entropy: bool = False, num_bins=None):
+    """logp [R, N] of completions under ``params`` and, with ``entropy``, the token entropy;
+    over the rows packed into ``num_bins`` bins (``tr.packing``) unless None."""
+    model = nnx.merge(tr.graphdef, params)
+    if num_bins is not None:
+      return packing.completion_scores(model, prompts, pmask, tokens, tmask, num_bins=num_bins,
+                                       bin_rows=cfg.pack_bin_rows, entropy=entropy,
+                                       logits_chunk=cfg.logits_chunk, remat=cfg.remat)
+    return tfm.completion_scores(model, prompts, pmask, tokens, tmask, entropy=entropy,
+                                 logits_chunk=cfg.logits_chunk, remat=cfg.remat)
   return fn
 
 

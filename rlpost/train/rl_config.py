@@ -90,6 +90,12 @@ class RLConfig:
   grad_accum: int = 1
   remat: bool = False
   logits_chunk: int = 0
+  # padding-free scoring (rlpost.models.packing): each scored call packs its rows' real tokens
+  # into bins of pack_bin_rows rows, as many as the smallest of these fractions of the padded
+  # slots that fits, the padded pass otherwise; () off. Values are unchanged (up to float
+  # summation order).
+  pack_buckets: tuple[float, ...] = ()
+  pack_bin_rows: int = 2
   # LoRA (rlpost.models.lora): train rank-r adapters on these projections, the base frozen
   lora_rank: int = 0  # 0: full fine-tuning
   lora_alpha: float = 16.0
@@ -197,6 +203,10 @@ class RLConfig:
     need(self.num_minibatches >= 1, "num_minibatches", "must be >= 1")
     need(self.grad_accum >= 1, "grad_accum", "must be >= 1")
     need(self.logits_chunk >= 0, "logits_chunk", "must be >= 0")
+    need(all(isinstance(f, (int, float)) and 0 < f < 1 for f in self.pack_buckets),
+         "pack_buckets", f"fractions of the scored rows must be in (0, 1), got "
+         f"{list(self.pack_buckets)}")
+    need(self.pack_bin_rows >= 1, "pack_bin_rows", "must be >= 1")
     need(self.eval_samples >= 1, "eval_samples", "must be >= 1")
     need(self.lora_rank >= 0, "lora_rank", "must be >= 0 (0: full fine-tuning, no adapters)")
     need(math.isfinite(self.lora_alpha) and self.lora_alpha > 0, "lora_alpha",
@@ -334,6 +344,10 @@ HELP = {
     "grad_accum": "micro-batches per mini-batch (memory; the update is unchanged)",
     "remat": "recompute each layer in the backward pass (memory)",
     "logits_chunk": "LM head over this many completion positions at a time (memory; 0: all)",
+    "pack_buckets": "padding-free scoring: pack the rows' real tokens into the smallest of "
+                    "these fractions of the padded slots that fits, e.g. [0.5, 0.75] (speed; "
+                    "[] off)",
+    "pack_bin_rows": "padding-free scoring: each packed row holds this many padded rows' slots",
     "lora_rank": "LoRA: rank of the adapters trained with the base weights frozen (0: full "
                  "fine-tuning); exports merge them",
     "lora_alpha": "LoRA: the adapters' output is scaled by lora_alpha / lora_rank",

@@ -20,7 +20,7 @@ Shape legend: B rollout rows, Tp prompt buffer, T completion tokens.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +29,9 @@ import optax
 from rlpost import objectives as obj
 from rlpost.models import lora
 from rlpost.types import RolloutBatch
+
+if TYPE_CHECKING:
+  from rlpost.models.packing import Buckets
 
 
 def row_chunks(fn: Callable, b: int, chunk: int) -> jax.Array:
@@ -55,17 +58,23 @@ def join_trainable(train, frozen):
 def make_update(*, recipe: obj.Recipe, optimizer: optax.GradientTransformation,
                 policy_logp: Callable, num_iterations: int, num_minibatches: int,
                 grad_accum: int, constrain: Callable = lambda x: x,
-                trainable: Callable | None = None) -> Callable:
+                trainable: Callable | None = None,
+                packing: "Buckets | None" = None) -> Callable:
   """The update epochs of one step.
 
   Args:
     recipe: its ``loss_fn`` and ``requires`` (per-token entropy) are used.
     optimizer: an optax transformation.
-    policy_logp: ``(params, prompts [R, Tp], pmask, tokens [R, T], tmask, *, entropy) ->
-      (logp [R, T], entropy [R, T] or None)``, differentiable in ``params``.
+    policy_logp: ``(params, prompts [R, Tp], pmask, tokens [R, T], tmask, *, entropy,
+      num_bins) -> (logp [R, T], entropy [R, T] or None)``, differentiable in ``params``;
+      ``num_bins`` None is the padded pass, an int the rows packed into that many bins
+      (``rlpost.models.packing``).
     constrain: applied to row-index arrays (the rows' sharding over a mesh).
     trainable: ``params -> mask`` (a prefix tree of bools) of the parameters to train; the rest
       stay bitwise unchanged and get no gradient. None: all.
+    packing: ``rlpost.models.packing.Buckets``: each micro-batch's forward and backward pass
+      runs over the smallest bucket its rows pack into (one ``lax.switch`` per micro-batch),
+      and the stats gain real_tokens and packed_slots. None: padded.
 
   Returns:
     ``update(params, opt_state, batch, prompts, pmask, adv, key) -> (params, opt_state,
@@ -76,18 +85,27 @@ def make_update(*, recipe: obj.Recipe, optimizer: optax.GradientTransformation,
   """
   needs_entropy = "entropy" in recipe.loss_inputs
 
-  def loss_parts(params, rows, batch, prompts, pmask, adv):
+  def loss_parts(params, rows, batch, prompts, pmask, adv, num_bins=None):
     """The recipe's loss over rows ``rows`` as a (sum, denominator) pair, its metrics (also
     pairs) and the log-prob gap as a pair: pairs of disjoint row sets add up."""
     rows = constrain(rows)
     sub = jax.tree.map(lambda x: x[rows], batch)
     logp, ent = policy_logp(params, prompts[rows], pmask[rows], sub.tokens, sub.token_mask,
-                            entropy=needs_entropy)
+                            entropy=needs_entropy, num_bins=num_bins)
     parts, metrics = recipe.loss_fn(logp, sub, adv.values[rows], adv.weights[rows], entropy=ent)
+    if packing is not None:
+      metrics = {**metrics, **packing.metrics(pmask[rows], sub.token_mask)}
     tok = sub.token_mask & sub.valid[:, None]
     gap = jnp.abs(jax.lax.stop_gradient(logp) - sub.behaviour_logp)
     mismatch = obj.LossParts(jnp.sum(jnp.where(tok, gap, 0.0)), jnp.sum(tok).astype(jnp.float32))
     return parts, (metrics, mismatch)
+
+  def packed(fn, rows, batch, pmask):
+    """``fn(num_bins)`` for the bucket the rows pack into (``packing``), or ``fn(None)``."""
+    if packing is None:
+      return fn(None)
+    rows = constrain(rows)
+    return packing.run(fn, pmask[rows], batch.token_mask[rows])
 
   def minibatch_grads(params, rows, *data):
     """(loss, metrics, mismatch, grads) of one mini-batch, over grad_accum micro-batches;
@@ -95,23 +113,31 @@ def make_update(*, recipe: obj.Recipe, optimizer: optax.GradientTransformation,
     train, frozen = split_trainable(params, trainable)
     if frozen is not None:
       frozen = jax.lax.stop_gradient(frozen)
-    parts_of = lambda t, r: loss_parts(join_trainable(t, frozen), r, *data)  # noqa: E731
-    if grad_accum == 1:
-      def loss_fn(train):
-        parts, aux = parts_of(train, rows)
-        return obj.finalize(parts), aux
+    batch, _, pmask = data[:3]
 
-      (loss, (metrics, mismatch)), grads = jax.value_and_grad(loss_fn, has_aux=True)(train)
+    def parts_of(t, r, num_bins=None):
+      return loss_parts(join_trainable(t, frozen), r, *data, num_bins=num_bins)
+
+    if grad_accum == 1:
+      def value_and_grad(num_bins):
+        def loss_fn(train):
+          parts, aux = parts_of(train, rows, num_bins)
+          return obj.finalize(parts), aux
+        return jax.value_and_grad(loss_fn, has_aux=True)(train)
+
+      (loss, (metrics, mismatch)), grads = packed(value_and_grad, rows, batch, pmask)
       return loss, metrics, obj.finalize(mismatch), grads
 
     def micro(acc, r):
       # d(sum)/d(params) per micro-batch; the denominators do not depend on the parameters, so
       # the mini-batch gradient is the summed one over the summed denominator.
-      def sum_fn(train):
-        parts, aux = parts_of(train, r)
-        return parts.sum, (parts, aux)
+      def value_and_grad(num_bins):
+        def sum_fn(train):
+          parts, aux = parts_of(train, r, num_bins)
+          return parts.sum, (parts, aux)
+        return jax.value_and_grad(sum_fn, has_aux=True)(train)
 
-      (_, out), g = jax.value_and_grad(sum_fn, has_aux=True)(train)
+      (_, out), g = packed(value_and_grad, r, batch, pmask)
       return jax.tree.map(jnp.add, acc, (g, out)), None
 
     micro_rows = rows.reshape(grad_accum, -1)

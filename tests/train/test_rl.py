@@ -238,9 +238,13 @@ def test_memory_options_leave_the_update_unchanged(dirs):
   assert_moved(ref_m, "plain update")
   assert ref_m["kl"] >= 0 and ref_m["entropy"] > 0
   for opts in (dict(grad_accum=2), dict(remat=True, logits_chunk=3),
-               dict(grad_accum=4, remat=True, logits_chunk=2)):
+               dict(grad_accum=4, remat=True, logits_chunk=2), dict(pack_buckets=(0.5, 0.875)),
+               dict(pack_buckets=(0.875,), pack_bin_rows=7, grad_accum=2, remat=True,
+                    logits_chunk=3)):
     tr = tiny(dirs, **kw, **opts)
     state, m = tr.step(tr.init_state())
+    if "pack_buckets" in opts:  # the decoder ran over fewer slots than the padded pass
+      assert m["real_tokens"] <= m["packed_slots"] < 1, (m["real_tokens"], m["packed_slots"])
     for k in ("grad_norm", "kl", "entropy", "reward"):
       np.testing.assert_allclose(m[k], ref_m[k], rtol=2e-4, atol=1e-7, err_msg=f"{opts} {k}")
     # The sampler-vs-trainer gap is float rounding (~1e-7) in both: bounded, not compared.
@@ -248,6 +252,26 @@ def test_memory_options_leave_the_update_unchanged(dirs):
     gap, moved = max_update_gap(state.params, ref_state.params, s0.params)
     assert moved > 0 and gap <= 1e-2 * moved, (opts, gap, moved)
     assert tr.num_traces == 1
+
+
+def test_packed_update_compiles_once_as_lengths_vary(dirs):
+  """With pack_buckets the bucket is picked at run time inside the one step program: three
+  steps whose completion lengths differ compile once, and each reports the rows it ran."""
+  tr = tiny(dirs, pack_buckets=(0.5, 0.875, 0.9375))
+  state = tr.init_state()
+  lengths, rows = set(), []
+  for i in range(3):
+    before = len(_COMPILES)
+    state, m = tr.step(state)
+    m = jax.device_get(m)
+    assert_moved(m, f"packed step {i + 1}")
+    if i > 0:
+      assert len(_COMPILES) == before, f"step {i + 1} compiled again"
+    lengths.add(float(m["response_length"]))
+    rows.append(float(m["packed_slots"]))
+  assert len(lengths) > 1, "every step had the same completion lengths; nothing varied"
+  assert tr.num_traces == 1
+  assert all(r in (0.5, 0.875, 0.9375, 1.0) for r in rows) and min(rows) < 1, rows
 
 
 def test_rollouts_in_chunks_sample_the_same_rows(dirs):
@@ -299,6 +323,9 @@ def test_config_errors(dirs):
     config_lib.from_dict(rl.RLConfig, {"rollout_chunk": 48})
   with pytest.raises(ValueError, match="'logits_chunk': must be >= 0"):
     config_lib.from_dict(rl.RLConfig, {"logits_chunk": -1})
+  with pytest.raises(ValueError, match=r"'pack_buckets': fractions of the scored rows must be "
+                     r"in \(0, 1\), got \[0.5, 1.0\]"):
+    config_lib.from_dict(rl.RLConfig, {"pack_buckets": "[0.5, 1.0]"})
   # Values that used to be accepted and then trained something else, or failed late.
   bad = [({"sft_steps": -5}, "'sft_steps': must be >= 0"),
          ({"lr": "inf"}, "'lr': must be a finite number"),
