@@ -10,7 +10,8 @@ the same way). Comments mark every value that is not from there.
 Arms (``FULL``), as the CPU table: for G in {2, 4, 8} gradient-contributing rollouts, ``mean``
 (GRPO, G rollouts), ``mean_drop`` (G+1 rollouts, mean over all, the smallest |r| dropped: the
 official ``mc=False`` same-compute ablation) and ``median`` (MC-GRPO, G+1 rollouts, median
-baseline, MAD scale, pivot excluded). The official trainer keeps the completions per step
+baseline, MAD scale, pivot excluded; on GSM8K also the official GSM trainer's rescale of the
+non-zero advantages by (G+1) / n_nonzero). The official trainer keeps the completions per step
 fixed (per-device batch x processes) and divides them by G, so the prompts per step shrink as G
 grows: MATH 64 / G, GSM8K 128 / G; MC-GRPO samples one extra rollout per prompt on top.
 
@@ -110,7 +111,9 @@ def full_config(dataset: str, g: int, baseline: str) -> dict:
       weight_decay=0.0,  # TRL default
       eval_every=50,  # eval_steps=100 optimizer updates
   )
-  cfg = arm_config(base, g, baseline)
+  # The official GSM trainer rescales the median arm's non-zero advantages (mc=True); the MATH
+  # trainer does not.
+  cfg = arm_config(base, g, baseline, rescale=dataset == "gsm8k")
   if baseline == "mean":
     # TRL's GRPO scales by (std + 1e-4); KL 0.04 (beta) and clip 0.2 are the recipe defaults.
     cfg["recipe_args"] = dict(cfg["recipe_args"], std_eps=1e-4)

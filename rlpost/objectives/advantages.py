@@ -45,6 +45,8 @@ __all__ = [
     "group_scale",
     "exclude_median_pivot",
     "exclude_min_abs_reward",
+    "exclude_random_member",
+    "rescale_nonzero",
     "confidence_shift",
     "ace_modulate",
     "ace_confidence_penalty",
@@ -329,6 +331,12 @@ def exclude_median_pivot(*, odd_only: bool = True) -> AdvantageTransform:
   return stateless(fn)
 
 
+def _drop(adv: Advantages, drop: jax.Array) -> Advantages:
+  """``adv`` with the rollouts ``drop`` [B] bool removed from the loss (value and weight 0)."""
+  return Advantages(values=jnp.where(_per_row(drop, adv.values), 0.0, adv.values),
+                    weights=jnp.where(drop, 0.0, adv.weights))
+
+
 def exclude_min_abs_reward() -> AdvantageTransform:
   """MC-GRPO's mean-baseline ablation (``mc=False`` in its GSM trainer): with G+1 rollouts,
   drop the rollout with the smallest |reward| of each group (lowest index under ties) from
@@ -338,11 +346,48 @@ def exclude_min_abs_reward() -> AdvantageTransform:
   def fn(adv, batch, key):
     a = jnp.abs(batch.rewards.astype(jnp.float32))
     m = groups.group_min(a, batch.group_id, batch.valid)
-    drop = groups.group_first(a == m, batch.group_id, batch.valid)
-    return Advantages(
-        values=jnp.where(_per_row(drop, adv.values), 0.0, adv.values),
-        weights=jnp.where(drop, 0.0, adv.weights),
-    )
+    return _drop(adv, groups.group_first(a == m, batch.group_id, batch.valid))
+
+  return stateless(fn)
+
+
+def exclude_random_member() -> AdvantageTransform:
+  """An unbiased same-compute control for MC-GRPO: with G+1 rollouts, drop one valid member of
+  each group chosen uniformly at random (independent of its reward) from the loss, so that the
+  G that remain are an unbiased sample while the baseline is the mean over all G+1.
+
+  Needs a PRNG key (``compute_advantages(..., key=key)``). Unlike ``exclude_min_abs_reward``,
+  whose dropped rollout under 0/1 rewards is always a failure when the group has one, the
+  choice carries no information about the rewards.
+  """
+
+  def fn(adv, batch, key):
+    if key is None:
+      raise ValueError("exclude_random_member needs a PRNG key: compute_advantages(..., key=key)")
+    u = jax.random.uniform(key, batch.group_id.shape)
+    low = groups.group_min(u, batch.group_id, batch.valid)
+    return _drop(adv, groups.group_first(u == low, batch.group_id, batch.valid))
+
+  return stateless(fn)
+
+
+def rescale_nonzero(*, atol: float = 1e-6) -> AdvantageTransform:
+  """The official MC-GRPO GSM trainer's compensation for zero advantages: in each group, the
+  non-zero values (|A| > ``atol``) are multiplied by n / n_nonzero, n the group's valid
+  members (a pivot, whose value is 0, counts as a zero), so that a group whose rollouts mostly
+  sit at the baseline is not down-weighted. Groups with no non-zero value are unchanged.
+
+  Official code: lotusroot-kim/MC-GRPO, ``src/open_r1/grpo_trainer_gsm.py`` (``mc=True``, after
+  the MAD scaling and before the pivot is filtered out; ``torch.isclose(a, 0, atol=1e-6)``).
+  """
+
+  def fn(adv, batch, key):
+    v, gid, valid = _rows("rescale_nonzero", adv), batch.group_id, batch.valid
+    nonzero = jnp.abs(v) > atol
+    n = groups.group_count(gid, valid)
+    k = groups.group_sum(nonzero.astype(jnp.float32), gid, valid)
+    factor = jnp.where(nonzero & (k > 0), n / jnp.maximum(k, 1.0), 1.0)
+    return _replace_values(adv, v * factor)
 
   return stateless(fn)
 

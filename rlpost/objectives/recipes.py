@@ -340,6 +340,7 @@ def mc_grpo(
     max_length: Optional[int] = None,
     overlong_buffer: Optional[int] = None,
     signflip_prob: float = 0.0,
+    rescale: bool = False,
 ) -> Recipe:
   """MC-GRPO ("Median-Centered Group Relative Policy Optimization") over GRPO, DAPO or Dr.GRPO.
 
@@ -356,8 +357,13 @@ def mc_grpo(
     scale: "mad" (default with the median baseline), "std" (group std, TRL eps 1e-4; default
       with the mean baseline), "none".
     eps: added to the scale; None: 1e-3 for MAD, 1e-4 for std.
-    baseline: "median" (the method) or "mean": the official GSM trainer's ``mc=False``
-      ablation, mean over all G+1 and the rollout with the smallest |r| dropped.
+    baseline: "median" (the method); "mean": the official GSM trainer's ``mc=False``
+      ablation, mean over all G+1 and the rollout with the smallest |r| dropped (under 0/1
+      rewards always a failure when the group has one: a success-biased sample); or
+      "mean_random": mean over all G+1 and a uniformly random rollout dropped (an unbiased
+      control of the same compute; needs the advantage key).
+    rescale: multiply each group's non-zero advantages by (G+1) / (number non-zero), as the
+      official GSM trainer does with the median (``rescale_nonzero``; before the exclusion).
     odd_only: remove a pivot only from odd groups (groups shrunk by masking keep all members).
     max_length, overlong_buffer: for the DAPO and Dr.GRPO bases (``overlong_buffer`` None:
       max(1, max_length // 5), as :func:`dapo`).
@@ -370,12 +376,13 @@ def mc_grpo(
     scale = "mad" if scale is None else scale
     center = A.center_by_group_median(even="lower")
     exclude = A.exclude_median_pivot(odd_only=odd_only)
-  elif baseline == "mean":
+  elif baseline in ("mean", "mean_random"):
     scale = "std" if scale is None else scale
     center = A.center_by_group_mean()
-    exclude = A.exclude_min_abs_reward()
+    exclude = A.exclude_min_abs_reward() if baseline == "mean" else A.exclude_random_member()
   else:
-    raise ValueError(f"mc_grpo: baseline must be 'median' or 'mean', got {baseline!r}")
+    raise ValueError(f"mc_grpo: baseline must be 'median', 'mean' or 'mean_random', got "
+                     f"{baseline!r}")
   if scale == "mad":
     scaler = A.scale_by_group_mad(eps=1e-3 if eps is None else eps, even="lower")
   elif scale == "std":
@@ -384,7 +391,8 @@ def mc_grpo(
     scaler = A.identity()
   else:
     raise ValueError(f"mc_grpo: scale must be 'mad', 'std' or 'none', got {scale!r}")
-  post = parts.post + (exclude,) + _flips(signflip_prob)
+  post = (parts.post + ((A.rescale_nonzero(),) if rescale else ()) + (exclude,)
+          + _flips(signflip_prob))
   return parts._replace(center=center, scale=scaler, post=post).build("mc_grpo")
 
 

@@ -151,6 +151,47 @@ def test_mc_mean_ablation_drops_min_abs_reward(variant):
 
 
 @VARIANTS
+def test_mc_official_rescale_of_nonzero_advantages(variant):
+  """GSM trainer (mc=True): non-zero advantages x (G+1) / n_nonzero per group, the pivot
+  counting as a zero, then the pivot is dropped."""
+  b = make_batch([[2, 1.5, 0], [2, 0, 0], [2, 2, 2]], 3)
+  v, w = run(O.get_recipe("mc_grpo", rescale=True).advantage, b, variant)
+  mad = 0.5 + 1e-3
+  np.testing.assert_allclose(grouped(v, 3), [[1.5 * 0.5 / mad, 0, -1.5 * 1.5 / mad],
+                                             [3 * 2 / 1e-3, 0, 0], [0, 0, 0]], rtol=1e-5)
+  np.testing.assert_array_equal(grouped(w, 3), [[1, 0, 1], [1, 0, 1], [0, 1, 1]])
+  plain, _ = run(O.get_recipe("mc_grpo").advantage, b, variant)
+  np.testing.assert_allclose(grouped(plain, 3)[1], [2 / 1e-3, 0, 0], rtol=1e-5)
+  # the transform alone: a group with no non-zero value is unchanged, atol as torch.isclose
+  t = O.rescale_nonzero()
+  v, _ = run(t, make_batch([[0.0, 5e-7, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]], 4), variant)
+  np.testing.assert_allclose(grouped(v, 4), [[0, 5e-7, 0, 4.0], [0, 0, 0, 0]], rtol=1e-6)
+
+
+@VARIANTS
+def test_mc_random_drop_control_is_uniform_and_reward_blind(variant):
+  """mean over G+1 with one uniformly random member dropped: exactly one per group, the
+  baseline over all G+1, and over many keys each position is dropped about equally often
+  (the min-|r| ablation would always drop the failure of [1, 1, 0])."""
+  b = make_batch([[1, 1, 0], [1, -0.5, 2]], 3)
+  rec = O.get_recipe("mc_grpo", baseline="mean_random", scale="none")
+  keys = jax.random.split(jax.random.key(0), 600)
+  adv = variant(jax.vmap(lambda k: O.compute_advantages(rec.advantage, b, key=k)[0]))(keys)
+  w = np.asarray(adv.weights).reshape(600, 2, 3)
+  v = np.asarray(adv.values).reshape(600, 2, 3)
+  assert (w.sum(-1) == 2).all()
+  want = np.array([[1, 1, 0], [1, -0.5, 2]]) - np.array([[2 / 3], [2.5 / 3]])
+  np.testing.assert_allclose(np.where(w == 1, v, 0), np.where(w == 1, want, 0), rtol=1e-6,
+                             atol=1e-7)
+  dropped = (1 - w).mean(0)  # each position ~1/3 (binomial SD 0.019 at 600 draws)
+  assert np.all(np.abs(dropped - 1 / 3) < 0.08), dropped
+  with pytest.raises(ValueError, match="needs a PRNG key"):
+    run(rec.advantage, b, variant)
+  with pytest.raises(ValueError, match="baseline must be 'median', 'mean' or 'mean_random'"):
+    O.get_recipe("mc_grpo", baseline="mode")
+
+
+@VARIANTS
 def test_mc_std_scale_option(variant):
   b = make_batch([[2, 1.5, 0]], 3)
   rec = O.get_recipe("mc_grpo", scale="std")
