@@ -87,6 +87,23 @@ def get_config(quick: bool) -> dict:
               target_gain=0.10)
 
 
+def testbed_config(setting: str = FINAL) -> dict:
+  """The calibrated testbed as the variant tables use it: ``setting``'s RLConfig dict on the
+  calibration's band and SFT start (the same SFT cache entry), before group size and recipe."""
+  from experiments.grpo_arithmetic import CONFIG
+
+  return dict(CONFIG, task_spec=dict(min_digits=2, max_digits=3, terms=2), sft_steps=500,
+              **PILOT[setting])
+
+
+def describe(cfg: dict) -> str:
+  """An RLConfig dict's testbed in words (band, reward, prompts per step, learning rate)."""
+  t = cfg["task_spec"]
+  return (f"band {t['min_digits']}-{t['max_digits']} digit addition, "
+          f"{'graded' if cfg.get('graded_reward') else '0/1'} reward, {cfg['num_prompts']} "
+          f"prompts per step, lr {cfg['lr']:g}")
+
+
 def arm_config(config: dict, setting: str, g: int) -> dict:
   """The RLConfig dict of ``setting`` (a pilot name) at group size ``g``."""
   return dict(config["base"], **config["pilot"][setting], group_size=g)

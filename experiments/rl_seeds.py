@@ -37,7 +37,9 @@ QUICK_BASE = dict(num_train=200, num_test=40, eval_problems=0, sft_steps=10, sft
 # Per-step training metrics kept in the results (all seeds).
 TRAIN_KEYS = ("reward", "accuracy", "loss", "zero_variance_groups", "adv_abs", "truncated",
               "response_length", "logp_mismatch", "grad_norm", "kl", "entropy",
-              "overconfident_errors", "confidence_shift", "dars_all_wrong_stage1", "dars_rescued",
+              "overconfident_errors", "confidence_shift", "shift_wrong_p10", "shift_wrong_p50",
+              "shift_wrong_p90", "penalty_share_overconfident", "dars_all_wrong_stage1",
+              "dars_rescued",
               "dars_extra_rollouts", "kept_groups")
 
 

@@ -132,11 +132,9 @@ def seeds_from_power(sz: Sizes) -> int:
 
 
 def base_config(sz: Sizes) -> dict:
-  from experiments.calibrate import PILOT
-  from experiments.grpo_arithmetic import CONFIG
+  from experiments import calibrate
 
-  cfg = dict(CONFIG, task_spec=dict(min_digits=2, max_digits=3, terms=2), sft_steps=500,
-             **PILOT["b23-lr1e-4-kl0-p64"])
+  cfg = calibrate.testbed_config("b23-lr1e-4-kl0-p64")
   cfg.update(graded_reward=True, steps=sz.steps, eval_every=sz.eval_every,
              eval_problems=sz.eval_problems, eval_samples=sz.eval_samples,
              checkpoint_every=10 ** 9)
@@ -369,6 +367,12 @@ def summarize(report: dict) -> dict:
   return s
 
 
+def _setting(sz: Sizes) -> str:
+  from experiments import calibrate
+
+  return calibrate.describe(base_config(sz))
+
+
 def render(report: dict) -> str:
   s, flips, sz = report["summary"], _flips(report), _sizes(report["config"])
   g0, g1 = sz.small_g, sz.large_g
@@ -378,8 +382,8 @@ def render(report: dict) -> str:
       "# MC-GRPO at CPU scale", "",
       f"`{report['command']}`: {sz.seeds} seeds per arm ({s['seeds_from_power']} from power: "
       f"pilot SD {sz.pilot_sd}, minimum effect {sz.min_effect}, 80% power, alpha 0.05; floor "
-      f"{sz.min_seeds}), {sz.steps} RL steps, band 2-3 digit addition, graded reward, 64 "
-      f"prompts per step, lr 1e-4, no KL. Primary metric: test pass@1 ({sz.eval_problems} "
+      f"{sz.min_seeds}), {sz.steps} RL steps, {_setting(sz)}, no KL. Primary metric: test "
+      f"pass@1 ({sz.eval_problems} "
       f"problems x {sz.eval_samples} samples), the mean of each seed's last {sz.window} "
       f"evaluations. SFT start: {s['start_pass@1']:.3f}. Minimum detectable effect of the "
       f"variant claims: {min(mdes):.3f}-{max(mdes):.3f}. Wall time: "

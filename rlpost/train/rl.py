@@ -196,7 +196,9 @@ class Trainer:
 def _make_fns(tr: Trainer) -> TrainFns:
   cfg, recipe, rows = tr.cfg, tr.recipe, tr.rows_constraint
   p, g = cfg.num_prompts, cfg.group_size
-  needs = set(recipe.requires)
+  # log_confidence: the reference pass runs for the confidence diagnostics alone when the
+  # recipe does not read ref_logp (the loss is unchanged: it reads only what it requires).
+  needs = set(recipe.requires) | ({"ref_logp"} if cfg.log_confidence else set())
   chain_entropy = "entropy" in recipe.advantage_requires
   policy_logp = _policy_logp(tr)
   update_epochs = make_update(recipe=recipe, optimizer=tr.optimizer, policy_logp=policy_logp,
@@ -334,15 +336,26 @@ def _adv_abs(adv: obj.Advantages, token_mask: jax.Array) -> jax.Array:
 
 def _confidence_metrics(batch: RolloutBatch) -> dict:
   """ACE's diagnostics where reference log-probs exist: the share of overconfident errors
-  (wrong rollouts the policy made more likely than the reference did) and the mean confidence
-  shift c_i = sum_t (logp - ref_logp) under the sampling policy."""
+  (wrong rollouts the policy made more likely than the reference did), the mean confidence
+  shift c_i = sum_t (logp - ref_logp) under the sampling policy, its 10/50/90% quantiles over
+  the wrong rollouts and the share of their sum softplus(c) on the overconfident ones."""
   if batch.ref_logp is None:
     return {}
   shift = obj.confidence_shift(batch.behaviour_logp, batch.ref_logp, batch.token_mask)
   vf = batch.valid.astype(jnp.float32)
+  # How selective a confidence penalty such as ACE's (a weight increasing in c on wrong
+  # rollouts) can be: quantiles of c over the wrong rollouts (0 when there are none), and the
+  # share of sum softplus(c) over wrong rollouts that falls on overconfident ones (c > 0).
+  wrong = batch.valid & ~batch.correct
+  q = jnp.nanquantile(jnp.where(wrong, shift, jnp.nan), jnp.asarray([0.1, 0.5, 0.9]))
+  q = jnp.where(jnp.any(wrong), q, 0.0)
+  sp = jnp.where(wrong, jax.nn.softplus(shift), 0.0)
   return dict(
       overconfident_errors=obj.overconfident_error_fraction(shift, batch.correct, batch.valid),
-      confidence_shift=jnp.sum(shift * vf) / jnp.maximum(jnp.sum(vf), 1.0))
+      confidence_shift=jnp.sum(shift * vf) / jnp.maximum(jnp.sum(vf), 1.0),
+      shift_wrong_p10=q[0], shift_wrong_p50=q[1], shift_wrong_p90=q[2],
+      penalty_share_overconfident=obj.safe_divide(jnp.sum(jnp.where(shift > 0, sp, 0.0)),
+                                                  jnp.sum(sp)))
 
 
 def make_train(config: RLConfig | dict, **kw) -> Trainer:

@@ -96,6 +96,9 @@ class RLConfig:
   # summation order).
   pack_buckets: tuple[float, ...] = ()
   pack_bin_rows: int = 2
+  # compute reference log-probs every step for the confidence diagnostics (overconfident
+  # errors, confidence-shift quantiles) even when the recipe does not need them
+  log_confidence: bool = False
   # LoRA (rlpost.models.lora): train rank-r adapters on these projections, the base frozen
   lora_rank: int = 0  # 0: full fine-tuning
   lora_alpha: float = 16.0
@@ -348,6 +351,8 @@ HELP = {
                     "these fractions of the padded slots that fits, e.g. [0.5, 0.75] (speed; "
                     "[] off)",
     "pack_bin_rows": "padding-free scoring: each packed row holds this many padded rows' slots",
+    "log_confidence": "log the confidence-shift diagnostics (one reference pass per step) even "
+                      "when the recipe needs no reference log-probs",
     "lora_rank": "LoRA: rank of the adapters trained with the base weights frozen (0: full "
                  "fine-tuning); exports merge them",
     "lora_alpha": "LoRA: the adapters' output is scaled by lora_alpha / lora_rank",

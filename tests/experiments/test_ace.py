@@ -12,10 +12,18 @@ from scripts import reproduce
 def test_arms_and_configs():
   sz = ace.Sizes()
   spec = ace.arms(sz)
-  assert spec["grpo"] is None and ace.MAIN in spec
-  assert ace.arm_config({}, spec["grpo"])["recipe"] == "grpo"
-  cfg = ace.arm_config({}, spec[f"ace-relu-mul-{sz.main_alpha}"])
-  assert cfg["recipe"] == "ace" and cfg["recipe_args"] == {"alpha": sz.main_alpha, "fn": "relu"}
+  assert list(spec) == ["grpo", ace.MAIN] and spec["grpo"] is None
+  assert ace.arm_config({}, spec["grpo"], kl_coef=0.0) == {"recipe": "grpo",
+                                                            "recipe_args": {"kl_coef": 0.0}}
+  cfg = ace.arm_config({}, spec[ace.MAIN], kl_coef=0.0)
+  assert cfg["recipe"] == "ace" and cfg["recipe_args"] == {"alpha": 0.5, "kl_coef": 0.0}
+  assert list(ace.arms(ace.Sizes(exploratory_alphas=(2.0,))))[-1] == "ace-softplus-mul-2.0"
+  # the pre-declared design: the calibrated testbed, no KL, the reference pass in both arms
+  base = ace.base_config(sz)
+  assert base["log_confidence"] and base["num_prompts"] == 64 and base["steps"] == 100
+  assert base["task_spec"] == dict(min_digits=2, max_digits=3, terms=2)
+  assert not base.get("graded_reward") and base["eval_samples"] == 64
+  assert ace.seeds_from_power(sz) == 8 == sz.seeds
 
 
 @pytest.mark.slow
@@ -29,15 +37,24 @@ def test_reproduce_ace_quick(tmp_path):
   assert s["ks"] == [1, 2, 4, 8] and s["main"] == "ace-softplus-mul-0.5"
   assert set(s["verdicts"].values()) <= {"reproduced", "not reproduced", "inconclusive"}
   assert [c["claim"]["id"] for c in s["claims"]] == list(s["verdicts"])
+  gate, paper = s["claims"][0], s["claims"][1:]
+  assert gate["claim"]["family"] == "testbed" and gate["claim"]["arms"] == ["grpo"]
+  assert gate["claim"]["center"] == s["start"]["pass@1"]
   assert all(c["claim"]["arms"] == [ace.MAIN, "grpo"] and c["claim"]["family"] == "ace"
-             for c in s["claims"])
+             for c in paper)
+  for name, sel in s["selectivity"].items():
+    assert sel["shift_wrong_p10"]["mean"] <= sel["shift_wrong_p90"]["mean"]
+    assert 0 <= sel["penalty_share_overconfident"]["mean"] <= 1
+    assert 1 <= sel["weight_at"]["p10"] <= sel["weight_at"]["p90"]
   pass1 = next(c for c in s["claims"] if c["claim"]["id"] == "pass1_holds")
   assert pass1["claim"]["direction"] == "equivalent"
   assert pass1["claim"]["margin"] == ace.PASS1_MARGIN
   for arm in res["data"].values():
     assert arm["compilations"] == 1
-    assert len(arm["train"]["overconfident_errors"]) == res["config"]["steps"]
+    for key in ("overconfident_errors", "shift_wrong_p50", "penalty_share_overconfident"):
+      assert len(arm["train"][key]) == res["config"]["steps"]  # both arms log them
   assert "## Paper claims" in (out / "table.md").read_text()
+  assert "## How selective the penalty was" in (out / "table.md").read_text()
   table = (out / "table.md").read_text()
   before = json.loads((out / "results.json").read_text())
   harness.rejudge(ace.EXPERIMENT, str(out))
@@ -51,7 +68,9 @@ def test_gain_growth_is_a_per_seed_difference():
 
   def arm(p1, p8):
     per_seed = [dict({k: 0.5 for k in keys}, **{"pass@1": a, "pass@8": b}) for a, b in zip(p1, p8)]
-    return {"evals": [{"per_seed": per_seed}], "train": {"overconfident_errors": [[0.0, 0.0]]}}
+    start = [{k: 0.1 for k in keys}] * 2
+    return {"seeds": [0, 1], "evals": [{"per_seed": start}, {"per_seed": per_seed}],
+            "train": {k: [[0.0, 0.0]] for k in ("overconfident_errors",) + ace.SELECTIVITY}}
 
   results = {"grpo": arm([0.3, 0.4], [0.5, 0.7]), ace.MAIN: arm([0.3, 0.5], [0.6, 0.9])}
   claim = {c.id: c for c in ace.claims(sz)}["passk_gain_grows_with_k"]

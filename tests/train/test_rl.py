@@ -1,5 +1,6 @@
 """RL trainer: every recipe runs at toy size, no recompilation, exact resume, bad input."""
 
+import dataclasses
 import json
 import os
 
@@ -455,3 +456,51 @@ def test_sft_evaluates_averages_beside_raw_weights(dirs):
   avg = [k for k in hist[-1] if k.startswith("avg/")]
   assert len(avg) == 2 and all(np.isfinite(hist[-1][k]) for k in avg)
   assert hist[-1]["eval_loss"] != hist[-1][avg[0]]  # an average differs from the raw weights
+
+
+def test_confidence_metrics_describe_the_wrong_rollouts():
+  """The selectivity diagnostics by hand: c = sum_t (logp - ref_logp) of each rollout; over the
+  wrong ones (rows 0-3; row 4 is correct, row 5 invalid) the 10/50/90% quantiles (linear
+  interpolation) and the share of sum softplus(c) on those with c > 0."""
+  from rlpost.types import RolloutBatch
+
+  c = np.array([-1.0, 0.5, 2.0, -0.2, 3.0, 5.0], np.float32)
+  batch = RolloutBatch(
+      group_id=jnp.zeros(6, jnp.int32), valid=jnp.asarray([1, 1, 1, 1, 1, 0], bool),
+      tokens=jnp.zeros((6, 2), jnp.int32), token_mask=jnp.asarray([[1, 1]] * 6, bool),
+      rewards=jnp.zeros(6), behaviour_logp=jnp.asarray(np.stack([c / 2, c / 2], 1)),
+      ref_logp=jnp.zeros((6, 2)), correct=jnp.asarray([0, 0, 0, 0, 1, 0], bool))
+  for fn in (rl._confidence_metrics, jax.jit(rl._confidence_metrics)):
+    m = jax.device_get(fn(batch))
+    wrong = c[:4]
+    for q, key in ((0.1, "shift_wrong_p10"), (0.5, "shift_wrong_p50"), (0.9, "shift_wrong_p90")):
+      np.testing.assert_allclose(m[key], np.quantile(wrong, q), rtol=1e-5)
+    sp = np.log1p(np.exp(wrong))
+    np.testing.assert_allclose(m["penalty_share_overconfident"], sp[wrong > 0].sum() / sp.sum(),
+                               rtol=1e-5)
+    np.testing.assert_allclose(m["overconfident_errors"], 2 / 5, rtol=1e-6)
+  none_wrong = dataclasses.replace(batch, correct=jnp.ones(6, bool))
+  m = jax.device_get(rl._confidence_metrics(none_wrong))
+  assert m["shift_wrong_p50"] == 0.0 and m["penalty_share_overconfident"] == 0.0
+
+
+def test_log_confidence_adds_the_diagnostics_not_a_loss_term(dirs):
+  """GRPO without KL reads no reference log-probs; log_confidence runs the reference pass for
+  the confidence diagnostics only: the step's update is the same (two programs, so to 1% of the
+  update's size) and the diagnostics appear."""
+  kw = dict(recipe="grpo", recipe_args={"kl_coef": 0.0})
+  plain = tiny(dirs, **kw)
+  s0 = plain.init_state()
+  want, m0 = plain.step(s0)
+  m0 = jax.device_get(m0)
+  assert_moved(m0, "grpo kl 0")
+  assert "overconfident_errors" not in m0
+  logged = tiny(dirs, log_confidence=True, **kw)
+  got, m1 = logged.step(logged.init_state())
+  m1 = jax.device_get(m1)
+  for key in ("overconfident_errors", "shift_wrong_p10", "shift_wrong_p50", "shift_wrong_p90",
+              "penalty_share_overconfident"):
+    assert np.isfinite(m1[key]), key
+  assert m1["shift_wrong_p10"] <= m1["shift_wrong_p50"] <= m1["shift_wrong_p90"]
+  gap, moved = max_update_gap(got.params, want.params, s0.params)
+  assert moved > 0 and gap <= 1e-2 * moved, (gap, moved)
