@@ -318,6 +318,20 @@ def protocol_note(verdicts: Sequence[Verdict | dict], level: float = 0.95) -> st
           f"{min(mdes):.3g}-{max(mdes):.3g}.")
 
 
+def wall_time(report: Mapping) -> str:
+  """The table header's wall-time sentence: the units' training and evaluation time, or, for
+  full-size runs, that the run directories do not record it."""
+  if report.get("unit_seconds") is None:
+    return "Wall time: not recorded in the full-size run directories."
+  return (f"Wall time: {report['unit_seconds'] / 60:.1f} min of training and evaluation over "
+          f"all arms on this machine (this invocation {report['seconds'] / 60:.1f} min; cached "
+          "arms are not rerun).")
+
+
+def minutes(seconds: float | None) -> str:
+  return "-" if seconds is None or not math.isfinite(seconds) else f"{seconds / 60:.1f}"
+
+
 def fmt(c: Mapping | None, digits: int = 3) -> str:
   """A ``cell``/``diff_cell`` as '0.123 [0.100, 0.140]' ('+' signs for a difference; the mean
   alone without an interval)."""
@@ -380,6 +394,9 @@ class Experiment:
       (every per-seed value and evaluation point); default: the units' JSON parts.
     module: the module whose docstring ends with the generated results block (docsync).
     readme: the README holding the generated results between ``docsync`` markers.
+    full: ``full(runs_dir, prefix) -> (config, data)``: the full-size runs under ``runs_dir``
+      (``collect_runs`` over the ``experiments/*/full.py`` arms whose names start with
+      ``prefix``) as the config and data ``summarize`` reads (``reproduce.py --full``).
   """
 
   name: str
@@ -391,6 +408,7 @@ class Experiment:
   collect: Callable[[dict, Mapping[str, dict]], dict] | None = None
   module: str = ""
   readme: str = ""
+  full: Callable[[str, str], tuple[dict, dict]] | None = None
 
 
 def digest(spec: Mapping) -> str:
@@ -556,6 +574,128 @@ def write(exp: Experiment, report: dict, out_dir: str, *, sync_docs: bool = Fals
     docsync.sync_all(exp, out_dir)
   print(table)
   return report
+
+
+# ------------------------------------------------------------------ full-size run directories
+class RunsError(ValueError):
+  """A run directory that cannot enter a table (named in the message)."""
+
+
+def read_run(run_dir: str) -> dict:
+  """One ``scripts/train.py`` run directory: its ``config.json`` and ``metrics.jsonl``.
+
+  Returns {"dir", "config", "evals": [{"step", metric: value}] (the ``eval/`` rows, in step
+  order), "train": {metric: [value per step]} (the ``train/`` rows)}.
+  """
+  try:
+    with open(os.path.join(run_dir, "config.json")) as f:
+      config = json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise RunsError(f"{run_dir}: no readable config.json ({e})") from None
+  evals, train = {}, {}
+  try:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+      rows = [json.loads(line) for line in f if line.strip()]
+  except (OSError, json.JSONDecodeError) as e:
+    raise RunsError(f"{run_dir}: no readable metrics.jsonl ({e})") from None
+  for row in rows:
+    step = row.get("step")
+    for k, v in row.items():
+      if k.startswith("eval/"):
+        evals.setdefault(step, {"step": step})[k[5:]] = v
+      elif k.startswith("train/"):
+        train.setdefault(k[6:], {})[step] = v
+  return {"dir": run_dir, "config": config,
+          "evals": [evals[s] for s in sorted(evals)],
+          "train": {k: [v[s] for s in sorted(v)] for k, v in train.items()}}
+
+
+def _discriminating_keys(arms: Mapping[str, dict]) -> list[str]:
+  """The config keys whose values tell the arms apart (with recipe and group size always)."""
+  keys = {"recipe", "recipe_args", "group_size"}
+  names = list(arms)
+  for k in set().union(*(arms[n] for n in names)):
+    vals = [json.dumps(arms[n].get(k), sort_keys=True, default=str) for n in names]
+    if len(set(vals)) > 1:
+      keys.add(k)
+  return sorted(keys)
+
+
+def collect_runs(runs_dir: str, arms: Mapping[str, dict], *, prefix: str = "",
+                 min_seeds: int = 2) -> dict:
+  """Full-size run directories (any depth below ``runs_dir``) as the arms of a table.
+
+  ``arms``: {arm name: RLConfig dict} (an ``experiments/*/full.py`` ``FULL``, or part of it). A
+  run belongs to the arm whose config it equals on every key that tells the arms apart; its
+  seed is its config's ``seed``. Only the arms whose names start with ``prefix`` are returned
+  (runs of the others are recognised and left out). Returns {arm: {"config", "seeds", "evals": [{"step",
+  "per_seed": [eval dict per seed]}], "train": {metric: [steps][S]}, "seconds", "runs"}} (the
+  layout of ``experiments.rl_seeds.run_arm``) for every arm with runs. Raises ``RunsError``
+  naming the directory for a run of no arm, a seed run twice, or an arm whose seeds disagree
+  on their evaluation steps, and naming the arm for one with fewer than ``min_seeds`` seeds.
+  """
+  keys = _discriminating_keys(arms)
+  sig = lambda c: json.dumps({k: c.get(k) for k in keys}, sort_keys=True, default=str)  # noqa: E731
+  by_sig = {sig(c): name for name, c in arms.items()}
+  found: dict[str, dict] = {}
+  dirs = sorted(os.path.dirname(p) for p in _find(runs_dir, "config.json"))
+  if not dirs:
+    raise RunsError(f"--runs {runs_dir}: no run directories (config.json) below it")
+  for d in dirs:
+    run = read_run(d)
+    name = by_sig.get(sig(run["config"]))
+    if name is None:
+      raise RunsError(f"{d}: its config matches no arm of the table (arms differ in {keys}); "
+                      f"arms: {', '.join(arms)}")
+    if not name.startswith(prefix):
+      continue
+    seed = run["config"].get("seed", 0)
+    if seed in found.setdefault(name, {}):
+      raise RunsError(f"{d}: arm {name} seed {seed} is also in {found[name][seed]['dir']}")
+    found[name][seed] = run
+  out = {}
+  for name, by_seed in found.items():
+    seeds = sorted(by_seed)
+    if len(seeds) < min_seeds:
+      raise RunsError(f"arm {name}: {len(seeds)} seed(s) under {runs_dir}, the table needs "
+                      f">= {min_seeds}")
+    runs = [by_seed[s] for s in seeds]
+    steps = [[e["step"] for e in r["evals"]] for r in runs]
+    for r, st in zip(runs, steps):
+      if st != steps[0] or not st:
+        raise RunsError(f"{r['dir']}: evaluation steps {st} differ from those of "
+                        f"{runs[0]['dir']} ({steps[0]}); finish or align the runs of arm {name}")
+    evals = [{"step": st, "per_seed": [r["evals"][i] for r in runs]}
+             for i, st in enumerate(steps[0])]
+    common = set.intersection(*(set(r["train"]) for r in runs))
+    n = min(len(r["train"][k]) for r in runs for k in common) if common else 0
+    train = {k: [[r["train"][k][t] for r in runs] for t in range(n)] for k in sorted(common)}
+    out[name] = {"config": runs[0]["config"], "seeds": seeds, "evals": evals, "train": train,
+                 "seconds": None, "runs": [r["dir"] for r in runs]}
+  return out
+
+
+def _find(root: str, filename: str) -> list[str]:
+  hits = []
+  for d, _, files in os.walk(root):
+    if filename in files:
+      hits.append(os.path.join(d, filename))
+  return hits
+
+
+def run_full(exp: Experiment, runs_dir: str, out_dir: str, *, prefix: str = "") -> dict:
+  """Judge full-size runs with the CPU table's code: ``exp.full(runs_dir, prefix)`` returns a
+  report (config, data) in the CPU layout, which is summarized, rendered and written to
+  ``out_dir`` like a CPU run."""
+  if exp.full is None:
+    raise RunsError(f"{exp.name}: no full-size aggregation (its Experiment has no 'full')")
+  config, data = exp.full(runs_dir, prefix)
+  report = {"experiment": exp.name, "command": f"python scripts/reproduce.py {exp.name} --full "
+            f"--runs {runs_dir}" + (f" --prefix {prefix}" if prefix else ""),
+            "config": config, "machine": machine(), "seconds": 0.0, "unit_seconds": None,
+            "units_run": [], "data": data, "full": True}
+  os.makedirs(out_dir, exist_ok=True)
+  return write(exp, report, out_dir)
 
 
 def rejudge(exp: Experiment, out_dir: str, *, sync_docs: bool = False) -> dict:

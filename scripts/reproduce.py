@@ -5,6 +5,7 @@
     python scripts/reproduce.py averaging --seeds 5 --out /tmp/avg
     python scripts/reproduce.py mc_grpo --sync-docs  # docstring results block from results/
     python scripts/reproduce.py dars --rejudge       # re-judge results/dars/results.json (seconds)
+    python scripts/reproduce.py mc_grpo --full --runs runs/ --prefix math-  # full-size runs
 
 Each entry of ``EXPERIMENTS`` names a module whose ``EXPERIMENT`` is an
 ``experiments.harness.Experiment`` (plain-data config, cached units, claims judged by
@@ -12,6 +13,9 @@ Each entry of ``EXPERIMENTS`` names a module whose ``EXPERIMENT`` is an
 per-seed results in ``--out`` with the current statistics, without training. A full run (or a
 re-judge) into the default ``results/<name>`` also rewrites the results block at the end of the
 module's docstring and the generated section of its README (``experiments/docsync.py``).
+``--full --runs DIR`` judges full-size runs instead (the ``experiments/*/full.py`` arms, one
+``scripts/train.py`` run directory per arm x seed) with the same summary, intervals and verdicts,
+written to ``results/<name>_full`` unless ``--out`` says otherwise.
 """
 
 from __future__ import annotations
@@ -45,6 +49,12 @@ def main(argv=None):
   ap.add_argument("--no-progress", action="store_true")
   ap.add_argument("--sync-docs", action="store_true",
                   help="only rewrite the module docstring's results block from results/<name>")
+  ap.add_argument("--full", action="store_true",
+                  help="judge full-size runs (--runs) with this table's code, no training")
+  ap.add_argument("--runs", help="with --full: directory of scripts/train.py run directories "
+                                 "(one per arm x seed, any depth)")
+  ap.add_argument("--prefix", default="",
+                  help="with --full: only the full.py arms whose names start with this")
   ap.add_argument("--rejudge", action="store_true",
                   help="re-judge the claims of the results already in --out (no training), "
                        "then rewrite table.md, the plots and the docs")
@@ -57,6 +67,16 @@ def main(argv=None):
     for path, changed in docsync.sync_all(exp).items():
       print(f"{os.path.relpath(path, ROOT)}: {'updated' if changed else 'up to date'}")
     return None
+  if args.full:
+    if not args.runs:
+      ap.error("--full needs --runs DIR (the full-size run directories)")
+    if not os.path.isdir(args.runs):
+      ap.error(f"--runs {args.runs}: not a directory")
+    out = args.out or os.path.join("results", args.experiment + "_full")
+    try:
+      return harness.run_full(exp, args.runs, out, prefix=args.prefix)
+    except harness.RunsError as e:
+      ap.error(str(e))
   default_out = args.out is None
   if args.seeds is not None and args.seeds < 1:
     ap.error("--seeds must be >= 1")

@@ -66,6 +66,7 @@ Rules (`experiments/harness.py`): a directional claim is reproduced when its Hol
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 
 import numpy as np
@@ -96,6 +97,10 @@ class Sizes:
   min_effect: float = 0.015
   min_seeds: int = 8
   base: dict = dataclasses.field(default_factory=dict)
+  # full-size runs (``full``): the base arm's and the main arm's names, and the setting in words
+  base_arm: str = "grpo"
+  main_name: str = ""
+  setting: str = ""
 
 
 def sizes(quick: bool) -> Sizes:
@@ -112,7 +117,7 @@ def seeds_from_power(sz: Sizes) -> int:
 
 
 def main_arm(sz: Sizes) -> str:
-  return f"ace-softplus-mul-{sz.main_alpha}"
+  return sz.main_name or f"ace-softplus-mul-{sz.main_alpha}"
 
 
 def _ks(sz: Sizes) -> list[int]:
@@ -132,9 +137,10 @@ def claims(sz: Sizes) -> list[harness.Claim]:
   ACE minus GRPO, is the gain at kmax minus the gain at 1.
   """
   kmax = max(_ks(sz))
-  pair = (main_arm(sz), "grpo")
+  base = sz.base_arm
+  pair = (main_arm(sz), base)
   return [
-      harness.Claim("grpo_learns", "GRPO gains pass@1 over the SFT start", "pass@1", ("grpo",),
+      harness.Claim("grpo_learns", f"{base} gains pass@1 over the SFT start", "pass@1", (base,),
                     family="testbed"),
       harness.Claim("pass_at_kmax_improves", f"pass@{kmax} improves", f"pass@{kmax}", pair,
                     family="ace"),
@@ -236,14 +242,14 @@ def summarize(report: dict) -> dict:
   s = {"ks": ks, "cells": {}, "gain": {}, "start": {}, "selectivity": {},
        "seeds_from_power": seeds_from_power(sz), "main": main_arm(sz),
        "arm_seconds": {n: a["seconds"] for n, a in results.items()}}
-  first = results["grpo"]["evals"][0]["per_seed"]
+  first = results[sz.base_arm]["evals"][0]["per_seed"]
   for key in [f"pass@{k}" for k in ks] + ["token_entropy"]:
     s["start"][key] = float(np.mean([e[key] for e in first]))
   values = per_seed(results, sz)
   for name in results:
     s["cells"][name] = {key: harness.cell(values[key][name]) for key in cols}
-    if name != "grpo":
-      s["gain"][name] = {key: harness.diff_cell(values[key][name], values[key]["grpo"])
+    if name != sz.base_arm:
+      s["gain"][name] = {key: harness.diff_cell(values[key][name], values[key][sz.base_arm])
                          for key in cols}
     sel = {key: harness.cell(values[key][name]) for key in SELECTIVITY}
     # ACE's weight 1 + alpha softplus(c) is increasing in c: its quantiles over the wrong
@@ -265,7 +271,7 @@ def summarize(report: dict) -> dict:
 def _setting(sz: Sizes) -> str:
   from experiments import calibrate
 
-  return calibrate.describe(base_config(sz))
+  return sz.setting or f"{calibrate.describe(base_config(sz))}, no KL"
 
 
 def render(report: dict) -> str:
@@ -278,16 +284,15 @@ def render(report: dict) -> str:
   mdes = [c["mde"] for c in paper]
   kmax = max(ks)
   lines = [
-      "# ACE at CPU scale", "",
+      "# ACE at full size" if report.get("full") else "# ACE at CPU scale", "",
       f"`{report['command']}`: {sz.seeds} seeds per arm ({s['seeds_from_power']} from power: "
       f"pilot SD {sz.pilot_sd}, minimum effect {sz.min_effect}, 80% power, alpha 0.05; floor "
-      f"{sz.min_seeds}), {sz.steps} RL steps, G={sz.group_size}, {_setting(sz)}, no KL. "
+      f"{sz.min_seeds}), {sz.steps} RL steps, G={sz.group_size}, {_setting(sz)}. "
       f"Primary metric: test pass@{kmax} "
-      f"({sz.eval_problems} problems x {sz.eval_samples} samples), the mean of each seed's "
+      f"({sz.eval_problems or 'all'} problems x {sz.eval_samples} samples), the mean of each seed's "
       f"last {sz.window} evaluations. Minimum detectable effect of the ACE claims: "
-      f"{min(mdes):.3f}-{max(mdes):.3f}. Wall time: {report['unit_seconds'] / 60:.1f} min of "
-      f"training and evaluation over all arms on this machine (this invocation "
-      f"{report['seconds'] / 60:.1f} min). Cells: mean [95% t interval over seeds]; "
+      f"{min(mdes):.3f}-{max(mdes):.3f}. {harness.wall_time(report)} Cells: mean [95% t "
+      "interval over seeds]; "
       "differences: Welch intervals. Intervals exclude problem-sampling error (every arm is "
       "evaluated on the same fixed test problems with the same evaluation key). SFT start: "
       + ", ".join(f"pass@{k} {s['start'][f'pass@{k}']:.3f}" for k in ks)
@@ -298,9 +303,9 @@ def render(report: dict) -> str:
       "| --- | " + " | ".join("---" for _ in ks) + " | --- | --- | --- |"]
   for n in names:
     c = s["cells"][n]
-    tag = "" if n in ("grpo", s["main"]) else " (exploratory)"
+    tag = "" if n in (sz.base_arm, s["main"]) else " (exploratory)"
     lines.append(f"| {n}{tag} | " + " | ".join(harness.fmt(c[key]) for key in cols)
-                 + f" | {s['arm_seconds'][n] / 60:.1f} |")
+                 + f" | {harness.minutes(s['arm_seconds'][n])} |")
   lines += ["", "## ACE minus GRPO", "",
             "| arm | " + " | ".join(f"pass@{k}" for k in ks) + " | token entropy | overconfident errors |",
             "| --- | " + " | ".join("---" for _ in ks) + " | --- | --- |"]
@@ -325,7 +330,7 @@ def render(report: dict) -> str:
             ("Gate passed: GRPO learns." if s["base_learned"] else
              "**Gate failed**: GRPO did not demonstrably learn, so the ACE claims below compare "
              "arms of a testbed where the base method does not learn."), "",
-            f"{s['main']} against grpo, {sz.seeds} seeds per arm; one Holm family of "
+            f"{s['main']} against {sz.base_arm}, {sz.seeds} seeds per arm; one Holm family of "
             f"{len(paper)} claims. Exploratory arms are not judged.", "",
             *harness.verdict_rows(paper), "",
             harness.protocol_note(paper), "", harness.rules_note(s["claims"]),
@@ -346,7 +351,7 @@ def plot(report: dict, out_dir: str) -> list[str]:
   fig, ax = plt.subplots(figsize=(5.5, 3.6))
   for n, c in s["cells"].items():
     harness.errorbars(ax, ks, [c[f"pass@{k}"] for k in ks], label=n, capsize=2,
-                      lw=2.5 if n in ("grpo", s["main"]) else 1)
+                      lw=2.5 if n in (report["config"].get("base_arm", "grpo"), s["main"]) else 1)
   ax.plot(ks, [s["start"][f"pass@{k}"] for k in ks], "k:", label="SFT start")
   ax.set_xscale("log", base=2)
   ax.set_xlabel("k")
@@ -358,7 +363,7 @@ def plot(report: dict, out_dir: str) -> list[str]:
   plt.close(fig)
 
   fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
-  for n in ("grpo", s["main"]):
+  for n in (report["config"].get("base_arm", "grpo"), s["main"]):
     arm = results[n]
     for ax, key in zip(axes[:2], ("overconfident_errors", "shift_wrong_p50")):
       v = np.asarray(arm["train"][key]).mean(axis=1)
@@ -380,6 +385,33 @@ def plot(report: dict, out_dir: str) -> list[str]:
   return [os.path.join(out_dir, f) for f in ("passk.png", "training.png")]
 
 
+def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
+  """Full-size runs of ``experiments/ace/full.py`` (DAPO and ACE over DAPO) as this table's
+  config and data: the DAPO arm in GRPO's place, ``ace-dapo-0.5`` as the main arm, the other
+  alphas exploratory."""
+  full_size = importlib.import_module("experiments.ace.full")
+
+  runs = harness.collect_runs(runs_dir, full_size.FULL, prefix=prefix)
+  main = f"ace-dapo-{full_size.MAIN_ALPHA}"
+  missing = [n for n in ("dapo", main) if n not in runs]
+  if missing:
+    raise harness.RunsError(f"ace --full: no runs under {runs_dir} for arm(s) "
+                            f"{', '.join(missing)}")
+  cfg = runs[main]["config"]
+  for name, arm in runs.items():
+    if "overconfident_errors" not in arm["train"]:
+      raise harness.RunsError(f"ace --full: the runs of {name} ({arm['runs'][0]}) logged no "
+                              "confidence diagnostics; run them with log_confidence=true")
+  sz = Sizes(seeds=min(len(r["seeds"]) for r in runs.values()), steps=cfg["steps"],
+             eval_every=cfg["eval_every"], group_size=cfg["group_size"],
+             main_alpha=full_size.MAIN_ALPHA, eval_problems=cfg["eval_problems"],
+             eval_samples=cfg["eval_samples"], base_arm="dapo", main_name=main,
+             setting=f"full size (experiments/ace/full.py: {cfg['task']}, "
+                     f"{cfg['num_prompts']} prompts per step, lr {cfg['lr']:g}, DAPO base)")
+  order = ["dapo", main] + sorted(n for n in runs if n not in ("dapo", main))
+  return dataclasses.asdict(sz), {n: runs[n] for n in order}
+
+
 EXPERIMENT = harness.Experiment(name="ace", get_config=get_config, units=units,
                                 summarize=summarize, render=render, plot=plot,
-                                module="experiments.ace")
+                                module="experiments.ace", full=from_full_runs)

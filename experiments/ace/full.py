@@ -80,6 +80,9 @@ def _base() -> dict:
       lr=1e-6, lr_schedule="constant", lr_warmup_steps=10 * (PROMPTS // MINI_BATCH_PROMPTS),
       weight_decay=0.1,
       eval_every=10, eval_problems=0, eval_samples=32,  # all test problems
+      # the reference pass every step, so that the DAPO arm logs the confidence diagnostics
+      # (overconfident errors, confidence-shift quantiles) that the table compares
+      log_confidence=True,
   )
 
 

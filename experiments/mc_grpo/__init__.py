@@ -72,6 +72,7 @@ The mechanism claim compares opposite-sign rates pooled over rollouts (median G=
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import sys
 
@@ -113,6 +114,7 @@ class Sizes:
   flip_reference: int = 64
   flip_pool: int = 144
   base: dict = dataclasses.field(default_factory=dict)
+  setting: str = ""  # the testbed in words when it is not the CPU one (full-size runs)
 
 
 def sizes(quick: bool) -> Sizes:
@@ -293,13 +295,41 @@ def units(config: dict) -> dict:
   return out
 
 
+def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
+  """Full-size runs of ``experiments/mc_grpo/full.py`` (one dataset: ``prefix`` "math-" or
+  "gsm8k-") as this table's config and data; the sign-flip analysis is CPU-only."""
+  full_size = importlib.import_module("experiments.mc_grpo.full")
+
+  if prefix not in ("math-", "gsm8k-"):
+    raise harness.RunsError(f"mc_grpo --full: --prefix must be 'math-' or 'gsm8k-' (one "
+                            f"dataset per table), got {prefix!r}")
+  runs = {k[len(prefix):]: v
+          for k, v in harness.collect_runs(runs_dir, full_size.FULL, prefix=prefix).items()}
+  sz = Sizes()
+  missing = [n for n in arm_names(sz) if n not in runs]
+  if missing:
+    raise harness.RunsError(f"mc_grpo --full: no runs under {runs_dir} for arm(s) "
+                            f"{', '.join(prefix + n for n in missing)}")
+  cfg = runs[f"G{sz.small_g}-median"]["config"]
+  sz = dataclasses.replace(
+      sz, seeds=min(len(runs[n]["seeds"]) for n in arm_names(sz)), steps=cfg["steps"],
+      eval_every=cfg["eval_every"], eval_problems=cfg["eval_problems"],
+      eval_samples=cfg["eval_samples"],
+      setting=f"full size, {prefix[:-1]} (experiments/mc_grpo/full.py: {cfg['task']}, "
+              f"{cfg['num_prompts']} prompts per step at G={sz.small_g}, lr {cfg['lr']:g})")
+  return dataclasses.asdict(sz), {"arms": {n: runs[n] for n in arm_names(sz)}}
+
+
 def collect(config: dict, results: dict) -> dict:
   return {"arms": {k: v for k, v in results.items() if k != "sign_flips"},
           "sign_flips": results["sign_flips"]}
 
 
-def _flips(report: dict) -> dict:
-  """The sign-flip rates with integer G keys (JSON keeps them as strings)."""
+def _flips(report: dict) -> dict | None:
+  """The sign-flip rates with integer G keys (JSON keeps them as strings); None for full-size
+  runs (the analysis samples from the CPU SFT policy)."""
+  if "sign_flips" not in report["data"]:
+    return None
   return {k: {bl: {int(g): v for g, v in d.items()} for bl, d in r.items()}
           for k, r in report["data"]["sign_flips"].items()}
 
@@ -358,19 +388,21 @@ def summarize(report: dict) -> dict:
        "final_eval": {n: harness.cell(rl_seeds.final_metric(a, METRIC))
                       for n, a in results.items()},
        "arm_seconds": {n: a["seconds"] for n, a in results.items()}}
-  graded = flips["graded"]
-  s["rates"] = harness.judge_proportions(rate_claim(sz), {
-      f"{bl} G={g0}": (graded[bl][g0]["opposite"], graded[bl][g0]["count"])
-      for bl in ("median", "mean")})
   s["verdicts"] = {v.claim.id: v.verdict for v in judged}
-  s["verdicts"][s["rates"]["claim"]["id"]] = s["rates"]["verdict"]
+  s["rates"] = None
+  if flips is not None:
+    graded = flips["graded"]
+    s["rates"] = harness.judge_proportions(rate_claim(sz), {
+        f"{bl} G={g0}": (graded[bl][g0]["opposite"], graded[bl][g0]["count"])
+        for bl in ("median", "mean")})
+    s["verdicts"][s["rates"]["claim"]["id"]] = s["rates"]["verdict"]
   return s
 
 
 def _setting(sz: Sizes) -> str:
   from experiments import calibrate
 
-  return calibrate.describe(base_config(sz))
+  return sz.setting or f"{calibrate.describe(base_config(sz))}, no KL"
 
 
 def render(report: dict) -> str:
@@ -379,16 +411,14 @@ def render(report: dict) -> str:
   mdes = [c["mde"] for c in s["claims"] if c["claim"]["family"] == "mc_grpo"]
   gc = s["gap_closed"]
   lines = [
-      "# MC-GRPO at CPU scale", "",
+      "# MC-GRPO at full size" if report.get("full") else "# MC-GRPO at CPU scale", "",
       f"`{report['command']}`: {sz.seeds} seeds per arm ({s['seeds_from_power']} from power: "
       f"pilot SD {sz.pilot_sd}, minimum effect {sz.min_effect}, 80% power, alpha 0.05; floor "
-      f"{sz.min_seeds}), {sz.steps} RL steps, {_setting(sz)}, no KL. Primary metric: test "
+      f"{sz.min_seeds}), {sz.steps} RL steps, {_setting(sz)}. Primary metric: test "
       f"pass@1 ({sz.eval_problems} "
       f"problems x {sz.eval_samples} samples), the mean of each seed's last {sz.window} "
       f"evaluations. SFT start: {s['start_pass@1']:.3f}. Minimum detectable effect of the "
-      f"variant claims: {min(mdes):.3f}-{max(mdes):.3f}. Wall time: "
-      f"{report['unit_seconds'] / 60:.1f} min of training and evaluation over all arms on this "
-      f"machine (this invocation {report['seconds'] / 60:.1f} min; cached arms are not rerun). "
+      f"variant claims: {min(mdes):.3f}-{max(mdes):.3f}. {harness.wall_time(report)} "
       "Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude "
       "problem-sampling error (every arm is evaluated on the same fixed test problems with the "
       "same evaluation key).", "",
@@ -398,7 +428,7 @@ def render(report: dict) -> str:
   for name, (g, bl) in arm_names(sz).items():
     lines.append(f"| G={g}, {LABELS[bl]} | {harness.fmt(s['cells'][name])} | "
                  f"{harness.fmt(s['gains'][name])} | {harness.fmt(s['final_eval'][name])} | "
-                 f"{s['arm_seconds'][name] / 60:.1f} |")
+                 f"{harness.minutes(s['arm_seconds'][name])} |")
   lines += ["", "## Differences at G=2 and the gap", "", "| comparison | difference |",
             "| --- | --- |",
             f"| G={g1} minus G={g0}, GRPO (the gap) | {harness.fmt(s['gap'])} |"]
@@ -406,23 +436,23 @@ def render(report: dict) -> str:
     lines.append(f"| G={g0}: median minus {LABELS[bl]} | {harness.fmt(c)} |")
   lines += ["", f"Fraction of the G={g0} to G={g1} gap the median closes, (median - mean) / "
             f"(G{g1} - mean) at G={g0}: {gc['fraction']:+.2f} [{gc['lo']:+.2f}, {gc['hi']:+.2f}] "
-            f"({gc['method']}).", "",
-            "## Advantage sign flips on the SFT policy", "",
-            f"Reference: the mean reward of {sz.flip_reference} samples per prompt, "
-            f"{sz.flip_prompts} prompts; groups cut from a separate pool of {sz.flip_pool} fresh "
-            "completions per prompt. Over rollouts that reach the loss and whose reward differs "
-            "from the reference: opposite sign(A) = -sign(r - b), zeroed A = 0, correct sign "
-            "the rest.", "",
-            "| reward | baseline | " + " | ".join(
-                f"G={g} opposite / zeroed / correct" for g in (g0, g1)) + " |",
-            "| --- | --- | --- | --- |"]
-  for kind in ("binary", "graded"):
-    for bl in BASELINES:
-      cells = [f"{flips[kind][bl][g]['opposite']:.3f} / {flips[kind][bl][g]['zeroed']:.3f} / "
-               f"{flips[kind][bl][g]['correct']:.3f}" for g in (g0, g1)]
-      lines.append(f"| {kind} | {LABELS[bl]} | " + " | ".join(cells) + " |")
-  r = s["rates"]
-  a, b = r["claim"]["arms"]
+            f"({gc['method']}).", ""]
+  if flips is not None:
+    lines += [
+        "## Advantage sign flips on the SFT policy", "",
+        f"Reference: the mean reward of {sz.flip_reference} samples per prompt, "
+        f"{sz.flip_prompts} prompts; groups cut from a separate pool of {sz.flip_pool} fresh "
+        "completions per prompt. Over rollouts that reach the loss and whose reward differs "
+        "from the reference: opposite sign(A) = -sign(r - b), zeroed A = 0, correct sign the "
+        "rest.", "",
+        "| reward | baseline | " + " | ".join(
+            f"G={g} opposite / zeroed / correct" for g in (g0, g1)) + " |",
+        "| --- | --- | --- | --- |"]
+    for kind in ("binary", "graded"):
+      for bl in BASELINES:
+        cells = [f"{flips[kind][bl][g]['opposite']:.3f} / {flips[kind][bl][g]['zeroed']:.3f} / "
+                 f"{flips[kind][bl][g]['correct']:.3f}" for g in (g0, g1)]
+        lines.append(f"| {kind} | {LABELS[bl]} | " + " | ".join(cells) + " |")
   gate = [c for c in s["claims"] if c["claim"]["family"] == "testbed"]
   paper = [c for c in s["claims"] if c["claim"]["family"] == "mc_grpo"]
   lines += ["", "## Paper claims", "",
@@ -434,8 +464,14 @@ def render(report: dict) -> str:
              "claims below compare arms of a testbed where the base method does not learn."),
             "", f"Variant claims (one Holm family), {sz.seeds} seeds per arm:", "",
             *harness.verdict_rows(paper), "",
-            harness.protocol_note(paper), "", harness.rules_note(s["claims"]), "",
-            "| claim (paper) | ours: a - b [interval] | z | p | rollouts | verdict |",
+            harness.protocol_note(paper), "", harness.rules_note(s["claims"]), ""]
+  r = s["rates"]
+  if r is None:
+    lines += ["The mechanism claim (opposite-sign rates) is measured on the CPU SFT policy "
+              "only; full-size runs do not carry it.", ""]
+    return "\n".join(lines)
+  a, b = r["claim"]["arms"]
+  lines += ["| claim (paper) | ours: a - b [interval] | z | p | rollouts | verdict |",
             "| --- | --- | --- | --- | --- | --- |",
             f"| {r['claim']['text']} | {a}: {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] "
             f"({flips['graded']['median'][g0]['opposite']:.3f} vs "
@@ -470,6 +506,8 @@ def plot(report: dict, out_dir: str) -> list[str]:
   fig.savefig(os.path.join(out_dir, "learning_curves.png"), dpi=120)
   plt.close(fig)
 
+  if flips is None:
+    return [os.path.join(out_dir, "learning_curves.png")]
   gs = [sz.small_g, sz.large_g]
   fig, axes = plt.subplots(1, 2, figsize=(8, 3.2), sharey=True)
   for ax, kind in zip(axes, ("binary", "graded")):
@@ -489,7 +527,7 @@ def plot(report: dict, out_dir: str) -> list[str]:
 
 EXPERIMENT = harness.Experiment(name="mc_grpo", get_config=get_config, units=units,
                                 summarize=summarize, render=render, plot=plot, collect=collect,
-                                module="experiments.mc_grpo")
+                                module="experiments.mc_grpo", full=from_full_runs)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ the same way). Comments mark every value that is not from there.
 
 Arms (``FULL``), as the CPU table: for G in {2, 4, 8} gradient-contributing rollouts, ``mean``
 (GRPO, G rollouts), ``mean_drop`` (G+1 rollouts, mean over all, the smallest |r| dropped: the
-official ``mc=False`` same-compute ablation) and ``median`` (MC-GRPO, G+1 rollouts, median
+official ``mc=False`` same-compute ablation), ``mean_random`` (G+1 rollouts, mean over all, a
+uniformly random rollout dropped: the unbiased control) and ``median`` (MC-GRPO, G+1 rollouts, median
 baseline, MAD scale, pivot excluded; on GSM8K also the official GSM trainer's rescale of the
 non-zero advantages by (G+1) / n_nonzero). The official trainer keeps the completions per step
 fixed (per-device batch x processes) and divides them by G, so the prompts per step shrink as G
@@ -58,7 +59,7 @@ from experiments import full_size
 from experiments.mc_grpo import arm_config
 
 GROUP_SIZES = (2, 4, 8)
-BASELINES = ("mean", "mean_drop", "median")
+BASELINES = ("mean", "mean_drop", "mean_random", "median")
 # Evaluation: pass@k from 8 samples per problem at the training temperature (not the official
 # protocol, which reports TRL's eval accuracy; 8 keeps arms of every G comparable).
 EVAL = dict(eval_samples=8)

@@ -1,0 +1,155 @@
+"""``reproduce.py NAME --full --runs DIR``: full-size run directories (one per arm x seed, as
+``scripts/train.py`` writes them) judged by the CPU table's code. The run directories are fakes
+written here, with planted per-seed metrics, so the verdicts' numbers are known."""
+
+import importlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+from experiments import ace, harness, mc_grpo
+ace_full = importlib.import_module("experiments.ace.full")
+mc_full = importlib.import_module("experiments.mc_grpo.full")
+from scripts import reproduce
+
+ACE_KEYS = ("overconfident_errors",) + ace.SELECTIVITY
+
+
+def write_run(root, name, config, seed, evals, train_steps=4, train=None):
+  """A run directory: config.json (with ``seed``) and metrics.jsonl (train rows per step,
+  eval rows at the steps of ``evals``: {step: {metric: value}})."""
+  d = os.path.join(root, f"{name}-s{seed}")
+  os.makedirs(d)
+  with open(os.path.join(d, "config.json"), "w") as f:
+    json.dump(dict(config, seed=seed, run_dir=d), f)
+  with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+    for step in range(train_steps + 1):
+      if step:
+        row = {"train/reward": 0.5, **{f"train/{k}": v for k, v in (train or {}).items()}}
+        f.write(json.dumps({"step": step, **row}) + "\n")
+      if step in evals:
+        f.write(json.dumps({"step": step, **{f"eval/{k}": v for k, v in evals[step].items()}})
+                + "\n")
+  return d
+
+
+MC_EFFECT = {"G8-mean": 0.06, "G2-mean": 0.02, "G2-median": 0.05, "G2-mean_drop": 0.03,
+             "G2-mean_random": 0.02}
+
+
+def mc_runs(root, seeds=3, arms=MC_EFFECT):
+  rng = np.random.default_rng(0)
+  planted = {}
+  for arm, effect in arms.items():
+    cfg = mc_full.FULL[f"math-{arm}"]
+    planted[arm] = []
+    for s in range(seeds):
+      vals = {0: 0.30, 1: 0.30 + effect / 2}
+      last = [0.30 + effect + 0.004 * rng.standard_normal() for _ in range(3)]
+      vals.update({2 + i: v for i, v in enumerate(last)})
+      write_run(root, f"math-{arm}", cfg, s, {k: {"pass@1": v} for k, v in vals.items()})
+      planted[arm].append(np.mean(last))
+  return planted
+
+
+def test_mc_grpo_full_runs_give_the_table(tmp_path):
+  runs, out = tmp_path / "runs", tmp_path / "out"
+  planted = mc_runs(str(runs))
+  write_run(str(runs / "elsewhere"), "gsm", mc_full.FULL["gsm8k-G2-mean"], 0,
+            {0: {"pass@1": 0.1}})  # another dataset's run: not this table's, left out
+  reproduce.main(["mc_grpo", "--full", "--runs", str(runs), "--prefix", "math-",
+                  "--out", str(out)])
+  res = json.loads((out / "results.json").read_text())
+  assert res["full"] and res["command"].endswith("--prefix math-")
+  s = res["summary"]
+  assert s["start_pass@1"] == pytest.approx(0.30)
+  for arm, vals in planted.items():
+    assert s["cells"][arm]["mean"] == pytest.approx(np.mean(vals))
+  assert s["rates"] is None and "median_fewer_sign_flips" not in s["verdicts"]
+  claims = {c["claim"]["id"]: c for c in s["claims"]}
+  want = np.mean(planted["G2-median"]) - np.mean(planted["G2-mean"])
+  assert claims["median_beats_mean_small_g"]["diff"] == pytest.approx(want)
+  assert s["verdicts"]["median_beats_mean_small_g"] == "reproduced"  # +0.03 at SD 0.0025
+  assert s["base_learned"]
+  table = (out / "table.md").read_text()
+  assert table.startswith("# MC-GRPO at full size") and "not recorded" in table
+  assert "full size, math" in table and os.path.getsize(out / "learning_curves.png") > 0
+  assert not (out / "sign_flips.png").exists()
+
+
+def test_full_runs_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+  runs = tmp_path / "runs"
+  mc_runs(str(runs), arms={k: v for k, v in MC_EFFECT.items() if k != "G2-mean_random"})
+
+  def fails(argv, match):
+    with pytest.raises(SystemExit) as e:
+      reproduce.main(argv)
+    assert e.value.code == 2
+    assert match in capsys.readouterr().err
+
+  base = ["mc_grpo", "--full", "--runs", str(runs), "--out", str(tmp_path / "o")]
+  fails(base + ["--prefix", "math-"], "no runs under")  # an arm of the table is missing
+  fails(base, "--prefix must be 'math-' or 'gsm8k-'")
+  fails(["mc_grpo", "--full", "--out", str(tmp_path / "o")], "--full needs --runs DIR")
+  fails(["mc_grpo", "--full", "--runs", str(tmp_path / "nope")], "not a directory")
+  # a seed run twice
+  cfg = mc_full.FULL["math-G2-mean"]
+  write_run(str(runs / "again"), "math-G2-mean", cfg, 0, {0: {"pass@1": 0.3}})
+  fails(base + ["--prefix", "math-"], "arm math-G2-mean seed 0 is also in")
+  assert not (tmp_path / "o").exists()  # nothing written
+
+
+def test_collect_runs_matches_configs_and_aligns_seeds(tmp_path):
+  arms = {"a": {"recipe": "grpo", "lr": 1e-6, "group_size": 4},
+          "b": {"recipe": "grpo", "lr": 2e-6, "group_size": 4}}
+  for s in (1, 0):
+    write_run(str(tmp_path), "a", arms["a"], s, {0: {"pass@1": 0.1}, 4: {"pass@1": 0.2 + s}},
+              train={"kl": s})
+  write_run(str(tmp_path), "b", arms["b"], 0, {0: {"pass@1": 0.1}})
+  with pytest.raises(harness.RunsError, match="arm b: 1 seed"):
+    harness.collect_runs(str(tmp_path), arms)
+  out = harness.collect_runs(str(tmp_path), arms, min_seeds=1)
+  a = out["a"]
+  assert a["seeds"] == [0, 1] and [e["step"] for e in a["evals"]] == [0, 4]
+  assert [x["pass@1"] for x in a["evals"][1]["per_seed"]] == [0.2, 1.2]  # seed order
+  assert a["train"]["kl"] == [[0, 1]] * 4
+  # seeds whose evaluation steps differ cannot be compared
+  write_run(str(tmp_path / "x"), "a", arms["a"], 2, {0: {"pass@1": 0.1}})
+  with pytest.raises(harness.RunsError, match="evaluation steps"):
+    harness.collect_runs(str(tmp_path), arms, min_seeds=1)
+
+
+def test_ace_full_runs_give_the_table(tmp_path, capsys):
+  runs, out = tmp_path / "runs", tmp_path / "out"
+  ks = (1, 2, 4, 8, 16, 32)
+  rng = np.random.default_rng(1)
+  for name, gain in (("dapo", 0.0), ("ace-dapo-0.5", 0.02)):
+    for s in range(3):
+      evals = {}
+      for step in range(5):
+        lift = 0.05 * (step > 0)
+        evals[step] = {f"pass@{k}": min(1.0, 0.2 + 0.1 * np.log2(k) + lift
+                                        + (gain * (k == 32)) + 0.002 * rng.standard_normal())
+                       for k in ks}
+        evals[step]["token_entropy"] = 0.5
+      write_run(str(runs), name, ace_full.FULL[name], s, evals,
+                train={k: 0.1 for k in ACE_KEYS})
+  reproduce.main(["ace", "--full", "--runs", str(runs), "--out", str(out)])
+  s = json.loads((out / "results.json").read_text())["summary"]
+  assert s["main"] == "ace-dapo-0.5" and s["ks"] == list(ks)
+  claims = {c["claim"]["id"]: c for c in s["claims"]}
+  assert claims["grpo_learns"]["claim"]["arms"] == ["dapo"] and s["base_learned"]
+  assert claims["pass_at_kmax_improves"]["diff"] == pytest.approx(0.02, abs=0.005)
+  assert claims["pass_at_kmax_improves"]["claim"]["arms"] == ["ace-dapo-0.5", "dapo"]
+  table = (out / "table.md").read_text()
+  assert table.startswith("# ACE at full size") and "DAPO base" in table
+  # runs without the confidence diagnostics cannot enter the table
+  bare = tmp_path / "bare"
+  for name in ("dapo", "ace-dapo-0.5"):
+    for s in range(2):
+      write_run(str(bare), name, ace_full.FULL[name], s, {0: {"pass@1": 0.1}})
+  with pytest.raises(SystemExit) as e:
+    reproduce.main(["ace", "--full", "--runs", str(bare), "--out", str(tmp_path / "o")])
+  assert e.value.code == 2 and "logged no confidence diagnostics" in capsys.readouterr().err
