@@ -43,28 +43,37 @@ regenerated with this design it holds the previous design's results (1-4 digits,
 
 Results on this CPU (generated from results/mc_grpo/table.md; do not edit by hand):
 
-`python scripts/reproduce.py mc_grpo`: 6 seeds per arm, 250 RL steps, test pass@1 from 300 problems x 16 samples (SFT start: 0.368); 39.7 min of training and evaluation over all arms on this machine (this invocation 0.0 min; cached arms are not rerun). Cells: mean [95% t interval over seeds]; differences: Welch intervals.
+`python scripts/reproduce.py mc_grpo`: 8 seeds per arm (8 from power: pilot SD 0.0078, minimum effect 0.0125, 80% power, alpha 0.05; floor 8), 100 RL steps, band 2-3 digit addition, graded reward, 64 prompts per step, lr 0.0001, no KL. Primary metric: test pass@1 (300 problems x 8 samples), the mean of each seed's last 3 evaluations. SFT start: 0.158. Minimum detectable effect of the variant claims: 0.007-0.008. Wall time: 18.3 min of training and evaluation over all arms on this machine (this invocation 18.3 min; cached arms are not rerun). Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key).
 
 ## Paper claims
 
-Final-evaluation pass@1, 6 seeds per arm; the four claims on trained arms are one Holm family. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key).
+The testbed gate (one Holm family: GRPO's gains over the SFT start, one-sample t against it) must pass before the variant claims are read:
 
 | claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
 | --- | --- | --- | --- | --- | --- | --- |
-| median closes the G=2 to G=8 gap to within 1% | G8-median: +0.048 [+0.026, +0.071] | 0.994 (1) | 0.00216 | 6 vs 6 | 0.038 | not reproduced |
-| median beats the mean baseline at G=2 | G2-median: -0.009 [-0.038, +0.019] | 0.759 (1) | 0.767 | 6 vs 6 | 0.040 | inconclusive |
-| median beats the same-compute mean ablation at G=2 | G2-median: -0.049 [-0.073, -0.024] | 0.999 (1) | 1 | 6 vs 6 | 0.032 | not reproduced |
-| injected sign flips (p=0.3) reduce accuracy | G8-mean-flip0.3: -0.077 [-0.113, -0.040] | 0.000465 (0.00186) | 0.00216 | 6 vs 6 | 0.051 | reproduced |
+| GRPO at G=8 gains over the SFT start | G8-mean - 0.1575: +0.073 [+0.070, +0.075] | 1.8e-11 (3.59e-11) | 0.00391 | 8 | 0.003 | reproduced |
+| GRPO at G=2 gains over the SFT start | G2-mean - 0.1575: +0.049 [+0.045, +0.053] | 8.88e-09 (8.88e-09) | 0.00391 | 8 | 0.005 | reproduced |
 
-Statistics: TOST (Welch), margin 0.01; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 6 seeds per arm; pooled seed SD up to 0.0283; minimum detectable effect (80% power) 0.0321-0.0508.
+Gate passed: GRPO learns at both G.
+
+Variant claims (one Holm family), 8 seeds per arm:
+
+| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
+| --- | --- | --- | --- | --- | --- | --- |
+| the median at G=2 comes within 1% of G=8 | G8-mean: +0.031 [+0.027, +0.036] | 1 (1) | 0.0002 | 8 vs 8 | 0.007 | not reproduced |
+| median beats the mean baseline at G=2 | G2-median: -0.008 [-0.013, -0.002] | 0.993 (1) | 0.994 | 8 vs 8 | 0.008 | not reproduced |
+| median beats the unbiased same-compute control at G=2 | G2-median: -0.010 [-0.015, -0.004] | 0.999 (1) | 0.999 | 8 vs 8 | 0.008 | not reproduced |
+| median beats the official same-compute ablation at G=2 | G2-median: -0.016 [-0.021, -0.010] | 1 (1) | 1 | 8 vs 8 | 0.008 | not reproduced |
+
+Statistics: TOST (Welch), margin 0.01; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.00541; minimum detectable effect (80% power) 0.00702-0.00816.
 
 Rules (`experiments/harness.py`): a directional claim is reproduced when its Holm-adjusted one-sided p is <= 0.05 and its 95% interval lies beyond the margin (0), not reproduced when the interval lies on the other side of the margin, inconclusive otherwise; an equivalence claim (margin 0.01) is reproduced when TOST rejects (Holm-adjusted), not reproduced when its 90% interval lies wholly outside the margin, inconclusive otherwise. The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD.
 
 | claim (paper) | ours: a - b [interval] | z | p | rollouts | verdict |
 | --- | --- | --- | --- | --- | --- |
-| the median gives fewer opposite-sign advantages (graded reward) | median G=2: -0.029 [-0.034, -0.024] (0.007 vs 0.036) | -11.17 | 2.87e-29 | 6368 vs 6368 | reproduced |
+| the median gives fewer opposite-sign advantages (graded reward) | median G=2: -0.056 [-0.060, -0.053] (0.026 vs 0.082) | -28.43 | 4.9e-178 | 19200 vs 28800 | reproduced |
 
-The mechanism claim compares opposite-sign rates pooled over rollouts (median G=2 minus mean G=2, from the "Advantage sign flips" table): a one-sided two-proportion z-test (``harness.judge_proportions``), reproduced when p <= 0.05 and the 95% interval lies below 0, not Holm-adjusted. It treats rollouts as independent, which subgroups drawn from the same prompts and completions are not: a lenient test. With 0/1 rewards no baseline can give an opposite sign (only zero), so the mechanism is judged on the graded reward.
+The mechanism claim compares opposite-sign rates pooled over rollouts (median G=2 minus mean G=2, from the "Advantage sign flips" table, fresh groups): a one-sided two-proportion z-test (``harness.judge_proportions``), reproduced when p <= 0.05 and the 95% interval lies below 0, not Holm-adjusted. It treats rollouts as independent, which groups of the same prompts are not: a lenient test.
 
 (end of generated results)
 """
