@@ -192,6 +192,23 @@ def judge_family(claims: Sequence[Claim], values: Mapping[str, Mapping[str, Sequ
   return out
 
 
+GATE = "testbed"
+
+
+def judge_gated(claims: Sequence[Claim], values: Mapping[str, Mapping[str, Sequence[float]]],
+                *, start: float) -> tuple[list[Verdict], bool]:
+  """Verdicts of a table whose base method must learn first: the one-sample claims of family
+  ``GATE`` ("the base gains over its start") are judged against ``start`` as their own Holm
+  family, the other claims as theirs. Returns (verdicts in claim order, whether every gate
+  claim was reproduced)."""
+  gate = [dataclasses.replace(c, center=start) for c in claims if c.family == GATE]
+  judged = judge_family(gate, values) + judge_family(
+      [c for c in claims if c.family != GATE], values)
+  order = {c.id: i for i, c in enumerate(claims)}
+  judged.sort(key=lambda v: order[v.claim.id])
+  return judged, all(v.verdict == "reproduced" for v in judged if v.claim.family == GATE)
+
+
 def judge_proportions(claim: Claim, rates: Mapping[str, tuple[float, int]], *,
                       level: float = 0.95) -> dict:
   """The verdict of a directional ``claim`` about two pooled rates; ``rates[arm]`` is (rate,

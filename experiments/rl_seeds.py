@@ -40,7 +40,7 @@ TRAIN_KEYS = ("reward", "accuracy", "loss", "zero_variance_groups", "adv_abs", "
               "overconfident_errors", "confidence_shift", "shift_wrong_p10", "shift_wrong_p50",
               "shift_wrong_p90", "penalty_share_overconfident", "dars_all_wrong_stage1",
               "dars_rescued",
-              "dars_extra_rollouts", "kept_groups")
+              "dars_extra_rollouts", "dars_budget_used", "kept_groups")
 
 
 def stack_states(trainer: rl.Trainer, seeds: list[int]) -> rl.RLState:

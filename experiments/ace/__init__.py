@@ -257,12 +257,8 @@ def summarize(report: dict) -> dict:
     sel["weight_at"] = {q: 1.0 + sz.main_alpha * _softplus(sel[f"shift_wrong_{q}"]["mean"])
                         for q in ("p10", "p50", "p90")}
     s["selectivity"][name] = sel
-  cl = claims(sz)
-  gate = [dataclasses.replace(c, center=s["start"]["pass@1"]) for c in cl
-          if c.family == "testbed"]
-  judged = harness.judge_family(gate, values) + harness.judge_family(
-      [c for c in cl if c.family == "ace"], values)
-  s["base_learned"] = all(v.verdict == "reproduced" for v in judged if v.claim.family == "testbed")
+  judged, s["base_learned"] = harness.judge_gated(claims(sz), values,
+                                                  start=s["start"]["pass@1"])
   s["claims"] = [v.to_json() for v in judged]
   s["verdicts"] = {v.claim.id: v.verdict for v in judged}
   return s

@@ -379,12 +379,7 @@ def summarize(report: dict) -> dict:
   first = results[next(iter(results))]["evals"][0]["per_seed"]
   start = float(np.mean([e[METRIC] for e in first]))
   g0, g1 = sz.small_g, sz.large_g
-  cl = claims(sz)
-  gate = [dataclasses.replace(c, center=start) for c in cl if c.family == "testbed"]
-  gain = {name: v for name, v in prim.items()}
-  judged = harness.judge_family(gate, {"gain": gain}) + harness.judge_family(
-      [c for c in cl if c.family == "mc_grpo"], {METRIC: prim})
-  learned = all(v.verdict == "reproduced" for v in judged if v.claim.family == "testbed")
+  judged, learned = harness.judge_gated(claims(sz), {"gain": prim, METRIC: prim}, start=start)
   s = {"start_pass@1": start, "cells": {n: harness.cell(v) for n, v in prim.items()},
        "gains": {n: harness.cell(v - start) for n, v in prim.items()},
        "vs": {bl: harness.diff_cell(prim[f"G{g0}-median"], prim[f"G{g0}-{bl}"])

@@ -1,26 +1,51 @@
-"""The DARS experiment: arms allocate equal rollouts, and ``--quick`` runs end to end."""
+"""The DARS experiment: the arms' sampled rollouts match where the design says so, the stage-2
+budget never truncates, the 2x2 interaction, and ``--quick`` runs end to end."""
 
 import json
 import os
 
+import numpy as np
 import pytest
 
 from experiments import dars
+from rlpost.train import config as config_lib
+from rlpost.train import rl
 from scripts import reproduce
 
 
-def test_arms_have_equal_rollouts():
+def test_arms_sample_matched_rollouts_and_never_truncate():
   sz = dars.Sizes()
-  spec = dars.arms(sz)
-  base = {"steps": sz.steps}
+  cfgs = dars.arm_configs(sz)
 
-  def rollouts(kw):
-    cfg = dict(base, **kw)
-    return cfg["steps"] * (cfg["num_prompts"] * cfg["group_size"] + cfg.get("dars_budget", 0))
+  def sampled(name):
+    c = config_lib.from_dict(rl.RLConfig, cfgs[name])
+    stage2 = c.resolved_dars_budget if c.dars_schedule else 0
+    return c.steps * (c.num_prompts * c.group_size + stage2)
 
-  totals = {name: rollouts(kw) for name, kw in spec.items() if name != f"grpo-n{sz.n}"}
-  assert len(set(totals.values())) == 1, totals  # naive N, DARS and DARS-B at equal rollouts
-  assert spec["dars-b"]["num_minibatches"] == 1 and spec["dars-b"]["num_iterations"] == 2
+  # the naive N samples what DARS samples; breadth keeps each arm's total; depth doubles it
+  assert sampled("grpo-n16") == sampled("dars-et") == sampled("dars-b")
+  assert sampled("grpo-b") == sampled("grpo-n8") == sampled("dars-et") // 2
+  for name in ("dars-et", "dars-b"):
+    c = config_lib.from_dict(rl.RLConfig, cfgs[name])
+    # the static budget is the schedule's largest demand: every prompt at n_max
+    assert c.resolved_dars_budget == c.num_prompts * (c.dars_n_max - c.group_size)
+  b = cfgs["dars-b"]
+  assert b["num_minibatches"] == 1 and b["num_iterations"] == 2 and b["num_prompts"] == 256
+  assert cfgs["grpo-b"]["steps"] == sz.steps // sz.breadth
+  base = dars.base_config(sz)
+  assert base["task_spec"] == dict(min_digits=2, max_digits=3, terms=2)
+  assert "recipe_args" not in base and dars.seeds_from_power(sz) == 8 == sz.seeds
+
+
+def test_interaction_is_the_difference_of_differences():
+  rng = np.random.default_rng(0)
+  v = {a: rng.normal(m, 0.01, 8) for a, m in
+       (("dars-b", 0.5), ("grpo-b", 0.4), ("dars-et", 0.35), ("base", 0.3))}
+  got = dars.interaction(v)
+  want = (v["dars-b"].mean() - v["grpo-b"].mean()) - (v["dars-et"].mean() - v["base"].mean())
+  assert got["mean"] == pytest.approx(want) and got["lo"] < want < got["hi"]
+  # the interval width is that of four independent means (se sqrt(4 * 0.01^2 / 8) ~ 0.007)
+  assert 0.01 < got["hi"] - got["lo"] < 0.05
 
 
 @pytest.mark.slow
@@ -32,6 +57,12 @@ def test_reproduce_dars_quick(tmp_path):
   res = json.loads((out / "results.json").read_text())
   s = res["summary"]
   assert set(s["verdicts"].values()) <= {"reproduced", "not reproduced", "inconclusive"}
-  assert set(s["rescued"]) == {"dars-et", "dars-hw", "dars-b"}
+  assert set(s["stage2"]) == {"dars-et", "dars-b"}
+  for r in s["stage2"].values():
+    assert 0 <= r["dars_budget_used"] <= 1
+  assert [c["claim"]["family"] for c in s["claims"]] == ["testbed"] + ["dars"] * 7
+  assert set(s["interaction"]) == {"pass@1", "pass@4"}  # kmax: ks are 1, 4, 16, 64 up to 8
   assert sum(res["data"]["curve"]["groups"]) == res["config"]["curve_prompts"]
   assert all(arm["compilations"] == 1 for arm in res["data"]["arms"].values())
+  table = (out / "table.md").read_text()
+  assert "## Breadth x depth" in table and "rollouts are ever truncated" in table
