@@ -40,7 +40,10 @@ def add_args(p) -> None:
                  help="real tokens as shares of the padded slots (comma list)")
   p.add_argument("--buckets", default=",".join(map(str, BUCKETS)))
   p.add_argument("--bin-rows", type=int, default=2)
-  p.add_argument("--attention", default="xla", choices=("xla", "blockwise"))
+  p.add_argument("--attention", default="xla", choices=("xla", "blockwise", "cudnn"),
+                 help="training-pass attention (cudnn: GPUs, with --dtype bfloat16)")
+  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                 help="activation and matmul dtype (parameters stay float32)")
   p.add_argument("--repeats", type=int, default=7)
 
 
@@ -83,7 +86,7 @@ def run(args) -> dict:
   vocab = CharTokenizer().vocab_size
   model_kw = dict(TOY_POLICY if args.quick else POLICY)
   cfg = tfm.TransformerConfig(vocab_size=vocab, max_seq_len=256, attention=args.attention,
-                              **model_kw)
+                              dtype=args.dtype, **model_kw)
   graphdef, params = nnx.split(tfm.init_model(cfg, seed=0))
 
   buckets_obj = packing.Buckets(buckets, args.bin_rows)
@@ -144,7 +147,8 @@ def run(args) -> dict:
           "settings": {"quick": bool(args.quick), "rows": args.rows,
                        "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
                        "buckets": buckets, "bin_rows": args.bin_rows,
-                       "attention": args.attention, "repeats": args.repeats,
+                       "attention": args.attention, "dtype": args.dtype,
+                       "backend": jax.default_backend(), "repeats": args.repeats,
                        "model": model_kw, "params": cfg.num_params(),
                        "order": "alternating padded, packed; compilation call untimed"},
           "compile_s": compile_s, "results": rows}
