@@ -77,8 +77,9 @@ def plan(lengths: jax.Array, width: int) -> Plan:
 
 
 class Packed(NamedTuple):
-  """Packed rows: ``tokens``, ``positions``, ``segments`` [P, W] int32 and ``select`` [R, N]
-  int32, the flat slot (bin * W + column) of the token that predicts each completion token."""
+  """Packed rows: ``tokens``, ``positions``, ``segments`` [P, W] int32 (W the bin width) and
+  ``select`` [R, N] int32, the flat slot (bin * W + column) of the token that predicts each
+  completion token."""
 
   tokens: jax.Array
   positions: jax.Array
@@ -105,7 +106,7 @@ def pack(prompt_tokens, prompt_mask, completion_tokens, completion_mask, num_bin
   w = bin_rows * (tp + n)
   seq = jnp.concatenate([prompt_tokens, completion_tokens], axis=1).astype(jnp.int32)
   valid = jnp.concatenate([prompt_mask, completion_mask], axis=1).astype(bool)
-  rank = jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1  # [R, W]
+  rank = jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1  # [R, Tp + N]
   if where is None:
     where = plan(jnp.sum(valid, axis=1).astype(jnp.int32), w)
   start = where.bin * w + where.offset  # [R]
