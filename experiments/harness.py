@@ -193,20 +193,26 @@ def judge_family(claims: Sequence[Claim], values: Mapping[str, Mapping[str, Sequ
 
 
 GATE = "testbed"
+NOT_JUDGED = "not judged (gate failed)"
 
 
 def judge_gated(claims: Sequence[Claim], values: Mapping[str, Mapping[str, Sequence[float]]],
                 *, start: float) -> tuple[list[Verdict], bool]:
   """Verdicts of a table whose base method must learn first: the one-sample claims of family
   ``GATE`` ("the base gains over its start") are judged against ``start`` as their own Holm
-  family, the other claims as theirs. Returns (verdicts in claim order, whether every gate
-  claim was reproduced)."""
+  family, the other claims as theirs. When a gate claim is not reproduced, the other claims'
+  verdicts are ``NOT_JUDGED`` (their numbers are kept). Returns (verdicts in claim order,
+  whether every gate claim was reproduced)."""
   gate = [dataclasses.replace(c, center=start) for c in claims if c.family == GATE]
   judged = judge_family(gate, values) + judge_family(
       [c for c in claims if c.family != GATE], values)
   order = {c.id: i for i, c in enumerate(claims)}
   judged.sort(key=lambda v: order[v.claim.id])
-  return judged, all(v.verdict == "reproduced" for v in judged if v.claim.family == GATE)
+  passed = all(v.verdict == "reproduced" for v in judged if v.claim.family == GATE)
+  if not passed:  # the numbers stay; no verdict is drawn from a base that did not learn
+    judged = [v if v.claim.family == GATE else dataclasses.replace(v, verdict=NOT_JUDGED)
+              for v in judged]
+  return judged, passed
 
 
 def judge_proportions(claim: Claim, rates: Mapping[str, tuple[float, int]], *,
@@ -627,45 +633,70 @@ def read_run(run_dir: str) -> dict:
           "train": {k: [v[s] for s in sorted(v)] for k, v in train.items()}}
 
 
-def _discriminating_keys(arms: Mapping[str, dict]) -> list[str]:
-  """The config keys whose values tell the arms apart (with recipe and group size always)."""
-  keys = {"recipe", "recipe_args", "group_size"}
-  names = list(arms)
-  for k in set().union(*(arms[n] for n in names)):
-    vals = [json.dumps(arms[n].get(k), sort_keys=True, default=str) for n in names]
-    if len(set(vals)) > 1:
-      keys.add(k)
-  return sorted(keys)
+# Config keys a run may set differently from its arm: where the weights and data live, how the
+# run is laid out on devices and in memory (values unchanged, tested), and operational ones.
+RUN_LOCAL_KEYS = frozenset({
+    "seed", "policy", "task_spec", "data_dir", "cache_dir", "run_dir", "model", "mesh_fsdp",
+    "param_sharding", "grad_accum", "remat", "logits_chunk", "rollout_chunk", "pack_buckets",
+    "pack_bin_rows", "logger", "resume_fallback", "keep_checkpoints", "checkpoint_every",
+    "guard_action", "guard_patience", "guard_truncated", "guard_logp_mismatch"})
 
 
-def collect_runs(runs_dir: str, arms: Mapping[str, dict], *, prefix: str = "",
+def _complete(config: Mapping) -> dict:
+  """An RLConfig dict with every default filled in (JSON values), as ``config.json`` holds it."""
+  from rlpost.train import config as config_lib
+  from rlpost.train import rl
+
+  try:
+    cfg = config_lib.from_dict(rl.RLConfig, dict(config))
+  except (TypeError, ValueError) as e:
+    raise RunsError(f"a config that RLConfig refuses: {e}") from None
+  return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+
+
+def _signature(config: Mapping) -> str:
+  full = _complete(config)
+  return json.dumps({k: v for k, v in full.items() if k not in RUN_LOCAL_KEYS}, sort_keys=True,
+                    default=str)
+
+
+def collect_runs(runs_dir: str, arms: Mapping[str, dict], *, select=None,
                  min_seeds: int = 2) -> dict:
   """Full-size run directories (any depth below ``runs_dir``) as the arms of a table.
 
-  ``arms``: {arm name: RLConfig dict} (an ``experiments/*/full.py`` ``FULL``, or part of it). A
-  run belongs to the arm whose config it equals on every key that tells the arms apart; its
-  seed is its config's ``seed``. Only the arms whose names start with ``prefix`` are returned
-  (runs of the others are recognised and left out). Returns {arm: {"config", "seeds", "evals": [{"step",
-  "per_seed": [eval dict per seed]}], "train": {metric: [steps][S]}, "seconds", "runs"}} (the
-  layout of ``experiments.rl_seeds.run_arm``) for every arm with runs. Raises ``RunsError``
-  naming the directory for a run of no arm, a seed run twice, or an arm whose seeds disagree
-  on their evaluation steps, and naming the arm for one with fewer than ``min_seeds`` seeds.
+  ``arms``: {arm name: RLConfig dict} (an ``experiments/*/full.py`` ``FULL``). A run belongs to
+  the arm whose config it equals on every key outside ``RUN_LOCAL_KEYS`` (defaults filled in on
+  both sides); its seed is its config's ``seed``. ``select``: the arm names to return (None:
+  all); runs of the other arms are recognised and left out. Returns {arm: {"config", "seeds",
+  "evals": [{"step", "per_seed": [eval dict per seed]}], "train": {metric: [steps][S]},
+  "seconds", "runs"}} (the layout of ``experiments.rl_seeds.run_arm``). Raises ``RunsError``
+  naming the directory for a run of no arm, a seed run twice, an unfinished run (its last
+  evaluation is not at its last step) or an arm whose seeds disagree on their evaluation steps,
+  and naming the arm for one with fewer than ``min_seeds`` seeds.
   """
-  keys = _discriminating_keys(arms)
-  sig = lambda c: json.dumps({k: c.get(k) for k in keys}, sort_keys=True, default=str)  # noqa: E731
-  by_sig = {sig(c): name for name, c in arms.items()}
+  by_sig: dict[str, str] = {}
+  for name, c in arms.items():
+    by_sig.setdefault(_signature(c), name)
   found: dict[str, dict] = {}
   dirs = sorted(os.path.dirname(p) for p in _find(runs_dir, "config.json"))
   if not dirs:
     raise RunsError(f"--runs {runs_dir}: no run directories (config.json) below it")
   for d in dirs:
     run = read_run(d)
-    name = by_sig.get(sig(run["config"]))
+    try:
+      name = by_sig.get(_signature(run["config"]))
+    except RunsError as e:
+      raise RunsError(f"{d}: {e}") from None
     if name is None:
-      raise RunsError(f"{d}: its config matches no arm of the table (arms differ in {keys}); "
-                      f"arms: {', '.join(arms)}")
-    if not name.startswith(prefix):
+      raise RunsError(f"{d}: its config matches no arm of the table (every key outside "
+                      f"harness.RUN_LOCAL_KEYS must equal the arm's); arms: {', '.join(arms)}")
+    if select is not None and name not in select:
       continue
+    steps = run["config"].get("steps")
+    if not run["evals"] or run["evals"][-1]["step"] != steps:
+      last = run["evals"][-1]["step"] if run["evals"] else None
+      raise RunsError(f"{d}: unfinished (last evaluation at step {last}, the run has {steps} "
+                      "steps); finish it or leave it out")
     seed = run["config"].get("seed", 0)
     if seed in found.setdefault(name, {}):
       raise RunsError(f"{d}: arm {name} seed {seed} is also in {found[name][seed]['dir']}")
@@ -679,9 +710,9 @@ def collect_runs(runs_dir: str, arms: Mapping[str, dict], *, prefix: str = "",
     runs = [by_seed[s] for s in seeds]
     steps = [[e["step"] for e in r["evals"]] for r in runs]
     for r, st in zip(runs, steps):
-      if st != steps[0] or not st:
+      if st != steps[0]:
         raise RunsError(f"{r['dir']}: evaluation steps {st} differ from those of "
-                        f"{runs[0]['dir']} ({steps[0]}); finish or align the runs of arm {name}")
+                        f"{runs[0]['dir']} ({steps[0]}); align the runs of arm {name}")
     evals = [{"step": st, "per_seed": [r["evals"][i] for r in runs]}
              for i, st in enumerate(steps[0])]
     common = set.intersection(*(set(r["train"]) for r in runs))

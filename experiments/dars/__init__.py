@@ -26,7 +26,11 @@ length, dual clip, entropy bonus, no KL), so arms differ only in rollout allocat
   quarter of the steps (the same rollouts in total as ``grpo-n8``);
 * ``dars-b``: ``dars-et`` with ``grpo-b``'s breadth.
 
-``grpo-n8``, ``dars-et``, ``grpo-b`` and ``dars-b`` are the 2x2 of breadth x depth.
+``grpo-n8``, ``dars-et``, ``grpo-b`` and ``dars-b`` are the 2x2 of breadth x depth. Breadth
+comes as DARS-B's recipe has it: the breadth arms make 25 steps x 2 epochs x 1 full batch = 50
+optimizer updates at the same learning rate, against 200 (100 steps x 2 mini-batches) for
+``grpo-n8``, so "breadth" here is more prompts per update *and* 4x fewer updates; the breadth
+claims are about that recipe, not about batch size alone.
 
 Primary metrics (pre-declared): test pass@64 and pass@1 (unbiased estimator from 64 samples of
 200 test problems at temperature 1), the mean of each seed's last 3 evaluations; the 3-digit
@@ -355,7 +359,10 @@ def render(report: dict) -> str:
             ("Gate passed: the base learns." if s["base_learned"] else
              "**Gate failed**: the base did not demonstrably learn, so the claims below compare "
              "arms of a testbed where the base method does not learn."), "",
-            f"{sz.seeds} seeds per arm; one Holm family of {len(paper)} claims.", "",
+            f"{sz.seeds} seeds per arm; one Holm family of {len(paper)} claims. The breadth "
+            f"arms make {sz.steps // sz.breadth * 2} optimizer updates against "
+            f"{sz.steps * 2} for grpo-n{sz.n} (DARS-B's recipe: full-batch updates over 2 "
+            "epochs), so the breadth claims are about that recipe, not batch size alone.", "",
             *harness.verdict_rows(paper), "", harness.protocol_note(paper), "",
             harness.rules_note(s["claims"]), "",
             "Sanity check (holds by algebra, not a reproduction): the mean-only cumulative "

@@ -312,20 +312,26 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   if prefix not in ("math-", "gsm8k-"):
     raise harness.RunsError(f"mc_grpo --full: --prefix must be 'math-' or 'gsm8k-' (one "
                             f"dataset per table), got {prefix!r}")
-  runs = {k[len(prefix):]: v
-          for k, v in harness.collect_runs(runs_dir, full_size.FULL, prefix=prefix).items()}
   sz = Sizes()
+  wanted = {prefix + n for n in arm_names(sz)}
+  runs = {k[len(prefix):]: v
+          for k, v in harness.collect_runs(runs_dir, full_size.FULL, select=wanted).items()}
   missing = [n for n in arm_names(sz) if n not in runs]
   if missing:
     raise harness.RunsError(f"mc_grpo --full: no runs under {runs_dir} for arm(s) "
                             f"{', '.join(prefix + n for n in missing)}")
   cfg = runs[f"G{sz.small_g}-median"]["config"]
+  big = runs[f"G{sz.large_g}-mean"]["config"]
+  seeds = {n: len(runs[n]["seeds"]) for n in arm_names(sz)}
   sz = dataclasses.replace(
-      sz, seeds=min(len(runs[n]["seeds"]) for n in arm_names(sz)), steps=cfg["steps"],
-      eval_every=cfg["eval_every"], eval_problems=cfg["eval_problems"],
-      eval_samples=cfg["eval_samples"],
+      sz, seeds=min(seeds.values()), steps=cfg["steps"], eval_every=cfg["eval_every"],
+      eval_problems=cfg["eval_problems"], eval_samples=cfg["eval_samples"],
       setting=f"full size, {prefix[:-1]} (experiments/mc_grpo/full.py: {cfg['task']}, "
-              f"{cfg['num_prompts']} prompts per step at G={sz.small_g}, lr {cfg['lr']:g})")
+              f"{cfg['num_prompts']} prompts per step at G={sz.small_g}, "
+              f"{big['num_prompts']} prompts x {big['steps']} steps at G={sz.large_g}, lr "
+              f"{cfg['lr']:g}" + ("" if len(set(seeds.values())) == 1 else
+                                  f"; seeds per arm {seeds}, the header gives the fewest")
+              + ")")
   return dataclasses.asdict(sz), {"arms": {n: runs[n] for n in arm_names(sz)}}
 
 

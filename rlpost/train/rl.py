@@ -343,9 +343,10 @@ def _confidence_metrics(batch: RolloutBatch) -> dict:
     return {}
   shift = obj.confidence_shift(batch.behaviour_logp, batch.ref_logp, batch.token_mask)
   vf = batch.valid.astype(jnp.float32)
-  # How selective a confidence penalty such as ACE's (a weight increasing in c on wrong
-  # rollouts) can be: quantiles of c over the wrong rollouts (0 when there are none), and the
-  # share of sum softplus(c) over wrong rollouts that falls on overconfident ones (c > 0).
+  # How selective a confidence penalty such as ACE's (a multiplier increasing in c on negative
+  # advantages) can be: quantiles of c over the wrong rollouts (0 when there are none), and the
+  # share of sum softplus(c) over wrong rollouts that falls on overconfident ones (c > 0). Both
+  # ignore the advantage's size (0 in all-wrong groups).
   wrong = batch.valid & ~batch.correct
   q = jnp.nanquantile(jnp.where(wrong, shift, jnp.nan), jnp.asarray([0.1, 0.5, 0.9]))
   q = jnp.where(jnp.any(wrong), q, 0.0)

@@ -207,7 +207,7 @@ class RLConfig:
     need(self.grad_accum >= 1, "grad_accum", "must be >= 1")
     need(self.logits_chunk >= 0, "logits_chunk", "must be >= 0")
     need(all(isinstance(f, (int, float)) and 0 < f < 1 for f in self.pack_buckets),
-         "pack_buckets", f"fractions of the scored rows must be in (0, 1), got "
+         "pack_buckets", f"fractions of the padded slots must be in (0, 1), got "
          f"{list(self.pack_buckets)}")
     need(self.pack_bin_rows >= 1, "pack_bin_rows", "must be >= 1")
     need(self.eval_samples >= 1, "eval_samples", "must be >= 1")

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from experiments import ace, harness
+from experiments import harness, ace, harness
 from scripts import reproduce
 
 
@@ -35,7 +35,8 @@ def test_reproduce_ace_quick(tmp_path):
   res = json.loads((out / "results.json").read_text())
   s = res["summary"]
   assert s["ks"] == [1, 2, 4, 8] and s["main"] == "ace-softplus-mul-0.5"
-  assert set(s["verdicts"].values()) <= {"reproduced", "not reproduced", "inconclusive"}
+  assert set(s["verdicts"].values()) <= {"reproduced", "not reproduced", "inconclusive",
+                                     harness.NOT_JUDGED}
   assert [c["claim"]["id"] for c in s["claims"]] == list(s["verdicts"])
   gate, paper = s["claims"][0], s["claims"][1:]
   assert gate["claim"]["family"] == "testbed" and gate["claim"]["arms"] == ["grpo"]

@@ -17,21 +17,23 @@ from scripts import reproduce
 ACE_KEYS = ("overconfident_errors",) + ace.SELECTIVITY
 
 
-def write_run(root, name, config, seed, evals, train_steps=4, train=None):
-  """A run directory: config.json (with ``seed``) and metrics.jsonl (train rows per step,
-  eval rows at the steps of ``evals``: {step: {metric: value}})."""
+def write_run(root, name, config, seed, evals, train=None, **overrides):
+  """A run directory: config.json (``config`` with ``seed`` and ``overrides``) and
+  metrics.jsonl, with eval rows at the steps of ``evals`` ({step: {metric: value}}, a step
+  given as a fraction of the run's ``steps``) and train rows (``train``) at the same steps."""
   d = os.path.join(root, f"{name}-s{seed}")
   os.makedirs(d)
+  cfg = dict(config, seed=seed, run_dir=d, **overrides)
   with open(os.path.join(d, "config.json"), "w") as f:
-    json.dump(dict(config, seed=seed, run_dir=d), f)
+    json.dump(cfg, f)
   with open(os.path.join(d, "metrics.jsonl"), "w") as f:
-    for step in range(train_steps + 1):
+    for frac in sorted(evals):
+      step = round(frac * cfg["steps"])
       if step:
         row = {"train/reward": 0.5, **{f"train/{k}": v for k, v in (train or {}).items()}}
         f.write(json.dumps({"step": step, **row}) + "\n")
-      if step in evals:
-        f.write(json.dumps({"step": step, **{f"eval/{k}": v for k, v in evals[step].items()}})
-                + "\n")
+      f.write(json.dumps({"step": step, **{f"eval/{k}": v for k, v in evals[frac].items()}})
+              + "\n")
   return d
 
 
@@ -46,10 +48,12 @@ def mc_runs(root, seeds=3, arms=MC_EFFECT):
     cfg = mc_full.FULL[f"math-{arm}"]
     planted[arm] = []
     for s in range(seeds):
-      vals = {0: 0.30, 1: 0.30 + effect / 2}
+      vals = {0: 0.30, 0.25: 0.30 + effect / 2}
       last = [0.30 + effect + 0.004 * rng.standard_normal() for _ in range(3)]
-      vals.update({2 + i: v for i, v in enumerate(last)})
-      write_run(root, f"math-{arm}", cfg, s, {k: {"pass@1": v} for k, v in vals.items()})
+      vals.update({f: v for f, v in zip((0.5, 0.75, 1.0), last)})
+      # the run's own weights and data paths: run-local, they do not change its arm
+      write_run(root, f"math-{arm}", cfg, s, {k: {"pass@1": v} for k, v in vals.items()},
+                policy=f"/models/{s}", task_spec={"train": "a.jsonl", "test": "b.jsonl"})
       planted[arm].append(np.mean(last))
   return planted
 
@@ -58,7 +62,9 @@ def test_mc_grpo_full_runs_give_the_table(tmp_path):
   runs, out = tmp_path / "runs", tmp_path / "out"
   planted = mc_runs(str(runs))
   write_run(str(runs / "elsewhere"), "gsm", mc_full.FULL["gsm8k-G2-mean"], 0,
-            {0: {"pass@1": 0.1}})  # another dataset's run: not this table's, left out
+            {0: {"pass@1": 0.1}, 1.0: {"pass@1": 0.2}})  # another dataset's: left out
+  write_run(str(runs / "elsewhere"), "g4", mc_full.FULL["math-G4-mean"], 0,
+            {0: {"pass@1": 0.1}})  # an arm this table does not use (one seed, unfinished)
   reproduce.main(["mc_grpo", "--full", "--runs", str(runs), "--prefix", "math-",
                   "--out", str(out)])
   res = json.loads((out / "results.json").read_text())
@@ -94,29 +100,36 @@ def test_full_runs_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
   fails(base, "--prefix must be 'math-' or 'gsm8k-'")
   fails(["mc_grpo", "--full", "--out", str(tmp_path / "o")], "--full needs --runs DIR")
   fails(["mc_grpo", "--full", "--runs", str(tmp_path / "nope")], "not a directory")
-  # a seed run twice
   cfg = mc_full.FULL["math-G2-mean"]
-  write_run(str(runs / "again"), "math-G2-mean", cfg, 0, {0: {"pass@1": 0.3}})
+  full = {0: {"pass@1": 0.3}, 1.0: {"pass@1": 0.3}}
+  write_run(str(runs / "lr"), "math-G2-mean", cfg, 7, full, lr=3e-6)  # no arm has this lr
+  fails(base + ["--prefix", "math-"], "matches no arm of the table")
+  (runs / "lr" / "math-G2-mean-s7" / "config.json").unlink()
+  write_run(str(runs / "short"), "math-G2-mean", cfg, 8, {0: {"pass@1": 0.3}, 0.5: {"pass@1": 0.3}})
+  fails(base + ["--prefix", "math-"], "unfinished (last evaluation at step")
+  (runs / "short" / "math-G2-mean-s8" / "config.json").unlink()
+  write_run(str(runs / "again"), "math-G2-mean", cfg, 0, full)  # a seed run twice
   fails(base + ["--prefix", "math-"], "arm math-G2-mean seed 0 is also in")
   assert not (tmp_path / "o").exists()  # nothing written
 
 
 def test_collect_runs_matches_configs_and_aligns_seeds(tmp_path):
-  arms = {"a": {"recipe": "grpo", "lr": 1e-6, "group_size": 4},
-          "b": {"recipe": "grpo", "lr": 2e-6, "group_size": 4}}
+  arms = {"a": {"recipe": "grpo", "lr": 1e-6, "group_size": 4, "steps": 4},
+          "b": {"recipe": "grpo", "lr": 2e-6, "group_size": 4, "steps": 4}}
   for s in (1, 0):
-    write_run(str(tmp_path), "a", arms["a"], s, {0: {"pass@1": 0.1}, 4: {"pass@1": 0.2 + s}},
+    write_run(str(tmp_path), "a", arms["a"], s, {0: {"pass@1": 0.1}, 1.0: {"pass@1": 0.2 + s}},
               train={"kl": s})
-  write_run(str(tmp_path), "b", arms["b"], 0, {0: {"pass@1": 0.1}})
+  write_run(str(tmp_path), "b", arms["b"], 0, {0: {"pass@1": 0.1}, 1.0: {"pass@1": 0.1}})
   with pytest.raises(harness.RunsError, match="arm b: 1 seed"):
     harness.collect_runs(str(tmp_path), arms)
-  out = harness.collect_runs(str(tmp_path), arms, min_seeds=1)
-  a = out["a"]
+  assert list(harness.collect_runs(str(tmp_path), arms, select={"a"})) == ["a"]
+  a = harness.collect_runs(str(tmp_path), arms, min_seeds=1)["a"]
   assert a["seeds"] == [0, 1] and [e["step"] for e in a["evals"]] == [0, 4]
   assert [x["pass@1"] for x in a["evals"][1]["per_seed"]] == [0.2, 1.2]  # seed order
-  assert a["train"]["kl"] == [[0, 1]] * 4
+  assert a["train"]["kl"] == [[0, 1]]
   # seeds whose evaluation steps differ cannot be compared
-  write_run(str(tmp_path / "x"), "a", arms["a"], 2, {0: {"pass@1": 0.1}})
+  write_run(str(tmp_path / "x"), "a", arms["a"], 2, {0: {"pass@1": 0.1}, 0.5: {"pass@1": 0.1},
+                                                     1.0: {"pass@1": 0.1}})
   with pytest.raises(harness.RunsError, match="evaluation steps"):
     harness.collect_runs(str(tmp_path), arms, min_seeds=1)
 
@@ -128,7 +141,7 @@ def test_ace_full_runs_give_the_table(tmp_path, capsys):
   for name, gain in (("dapo", 0.0), ("ace-dapo-0.5", 0.02)):
     for s in range(3):
       evals = {}
-      for step in range(5):
+      for step in (0, 0.25, 0.5, 0.75, 1.0):
         lift = 0.05 * (step > 0)
         evals[step] = {f"pass@{k}": min(1.0, 0.2 + 0.1 * np.log2(k) + lift
                                         + (gain * (k == 32)) + 0.002 * rng.standard_normal())
@@ -149,7 +162,8 @@ def test_ace_full_runs_give_the_table(tmp_path, capsys):
   bare = tmp_path / "bare"
   for name in ("dapo", "ace-dapo-0.5"):
     for s in range(2):
-      write_run(str(bare), name, ace_full.FULL[name], s, {0: {"pass@1": 0.1}})
+      write_run(str(bare), name, ace_full.FULL[name], s,
+                {f: {f"pass@{k}": 0.1 for k in ks} for f in (0, 0.5, 0.75, 1.0)})
   with pytest.raises(SystemExit) as e:
     reproduce.main(["ace", "--full", "--runs", str(bare), "--out", str(tmp_path / "o")])
   assert e.value.code == 2 and "logged no confidence diagnostics" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import mc_grpo, rl_seeds
+from experiments import harness, mc_grpo, rl_seeds
 from rlpost.train import rl
 from scripts import reproduce
 from rl_testutil import assert_moved, learning_config, max_update_gap
@@ -92,7 +92,8 @@ def test_reproduce_mc_grpo_quick(tmp_path, monkeypatch):
   sz = mc_grpo.sizes(True)
   assert set(summary["verdicts"]) == {c.id for c in mc_grpo.claims(sz)} | {
       "median_fewer_sign_flips"}
-  assert set(summary["verdicts"].values()) <= {"reproduced", "not reproduced", "inconclusive"}
+  assert set(summary["verdicts"].values()) <= {"reproduced", "not reproduced", "inconclusive",
+                                           harness.NOT_JUDGED}
   assert [c["claim"]["family"] for c in summary["claims"]] == ["testbed"] * 2 + ["mc_grpo"] * 4
   assert summary["claims"][2]["claim"]["direction"] == "equivalent"
   # the gate's one-sample claims are judged against the SFT start

@@ -324,7 +324,7 @@ def test_config_errors(dirs):
     config_lib.from_dict(rl.RLConfig, {"rollout_chunk": 48})
   with pytest.raises(ValueError, match="'logits_chunk': must be >= 0"):
     config_lib.from_dict(rl.RLConfig, {"logits_chunk": -1})
-  with pytest.raises(ValueError, match=r"'pack_buckets': fractions of the scored rows must be "
+  with pytest.raises(ValueError, match=r"'pack_buckets': fractions of the padded slots must be "
                      r"in \(0, 1\), got \[0.5, 1.0\]"):
     config_lib.from_dict(rl.RLConfig, {"pack_buckets": "[0.5, 1.0]"})
   # Values that used to be accepted and then trained something else, or failed late.
