@@ -341,6 +341,13 @@ def protocol_note(verdicts: Sequence[Verdict | dict], level: float = 0.95) -> st
           f"{min(mdes):.3g}-{max(mdes):.3g}.")
 
 
+def seeds_note(sz, from_power: int) -> str:
+  """The table header's seed sentence for a design ``sz`` with ``seeds``, ``pilot_sd``,
+  ``min_effect`` and ``min_seeds``: the seeds run and the count the power analysis asked for."""
+  return (f"{sz.seeds} seeds per arm ({from_power} from power: pilot SD {sz.pilot_sd}, minimum "
+          f"effect {sz.min_effect}, 80% power, alpha 0.05; floor {sz.min_seeds})")
+
+
 def wall_time(report: Mapping) -> str:
   """The table header's wall-time sentence: the units' training and evaluation time, or, for
   full-size runs, that the run directories do not record it."""

@@ -290,9 +290,7 @@ def render(report: dict) -> str:
   kmax = max(ks)
   lines = [
       "# ACE at full size" if report.get("full") else "# ACE at CPU scale", "",
-      f"`{report['command']}`: {sz.seeds} seeds per arm ({s['seeds_from_power']} from power: "
-      f"pilot SD {sz.pilot_sd}, minimum effect {sz.min_effect}, 80% power, alpha 0.05; floor "
-      f"{sz.min_seeds}), {sz.steps} RL steps, G={sz.group_size}, {_setting(sz)}. "
+      f"`{report['command']}`: {harness.seeds_note(sz, s['seeds_from_power'])}, {sz.steps} RL steps, G={sz.group_size}, {_setting(sz)}. "
       f"Primary metric: test pass@{kmax} "
       f"({sz.eval_problems or 'all'} problems x {sz.eval_samples} samples), the mean of each seed's "
       f"last {sz.window} evaluations. Minimum detectable effect of the ACE claims: "

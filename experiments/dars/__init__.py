@@ -309,9 +309,7 @@ def render(report: dict) -> str:
   mdes = [c["mde"] for c in paper]
   lines = [
       "# DARS / DARS-B at CPU scale", "",
-      f"`{report['command']}`: {sz.seeds} seeds per arm ({s['seeds_from_power']} from power: "
-      f"pilot SD {sz.pilot_sd}, minimum effect {sz.min_effect}, 80% power, alpha 0.05; floor "
-      f"{sz.min_seeds}), {sz.steps} RL steps (breadth arms: {sz.steps // sz.breadth} steps of "
+      f"`{report['command']}`: {harness.seeds_note(sz, s['seeds_from_power'])}, {sz.steps} RL steps (breadth arms: {sz.steps // sz.breadth} steps of "
       f"{sz.breadth}x the prompts), {calibrate.describe(base_config(sz))}, DARS objective. "
       f"Primary metrics: test pass@{kmax} and pass@1 ({sz.eval_problems} problems x "
       f"{sz.eval_samples} samples), the mean of each seed's last {sz.window} evaluations. "

@@ -422,9 +422,7 @@ def render(report: dict) -> str:
   gc = s["gap_closed"]
   lines = [
       "# MC-GRPO at full size" if report.get("full") else "# MC-GRPO at CPU scale", "",
-      f"`{report['command']}`: {sz.seeds} seeds per arm ({s['seeds_from_power']} from power: "
-      f"pilot SD {sz.pilot_sd}, minimum effect {sz.min_effect}, 80% power, alpha 0.05; floor "
-      f"{sz.min_seeds}), {sz.steps} RL steps, {_setting(sz)}. Primary metric: test "
+      f"`{report['command']}`: {harness.seeds_note(sz, s['seeds_from_power'])}, {sz.steps} RL steps, {_setting(sz)}. Primary metric: test "
       f"pass@1 ({sz.eval_problems} "
       f"problems x {sz.eval_samples} samples), the mean of each seed's last {sz.window} "
       f"evaluations. SFT start: {s['start_pass@1']:.3f}. Minimum detectable effect of the "
