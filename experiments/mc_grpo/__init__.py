@@ -20,7 +20,9 @@ which that trainer applies with the median), the official ablation (mean and std
 smallest |r| dropped: under 0/1 rewards always a failure when the group has one, so it is a
 success-biased sample, not a neutral control) and the unbiased control (mean and std over G+1,
 a uniformly random rollout dropped). Seeds of an arm run as one vmapped program
-(``experiments/rl_seeds.py``).
+(``experiments/rl_seeds.py``). Secondary table (``Sizes.binary_secondary``): the same five arms,
+recipes (the rescale included), seeds and claims on the 0/1 reward, with their own gate and Holm
+families (claim ids ending in "_01").
 
 Primary metric (pre-declared): test pass@1 (300 problems x 8 samples at temperature 1), the mean
 of each seed's last 3 evaluations (steps 60, 80, 100). Seeds: 8 per arm, from
@@ -101,12 +103,14 @@ LABELS = {"mean": "mean over G (GRPO)", "median": "median over G+1 (MC-GRPO)",
           "mean_drop": "mean over G+1, smallest |r| dropped (official ablation)",
           "mean_random": "mean over G+1, random rollout dropped (unbiased control)"}
 METRIC = "pass@1"  # per seed: the mean of the last ``window`` evaluations
+BINARY = "01-"  # arm-name prefix of the secondary table's arms (0/1 reward)
 GAP_MARGIN = 0.01  # the paper's "within 1%"
 
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-  """The pre-declared design. Defaults fit ~45 minutes on 2 CPU cores."""
+  """The pre-declared design. Defaults: ~18 minutes per table of five arms on 2 CPU cores
+  (the graded table and the 0/1 secondary: ~37 minutes)."""
 
   seeds: int = 8
   steps: int = 100
@@ -122,6 +126,7 @@ class Sizes:
   flip_prompts: int = 200  # sign-flip analysis: prompts x reference samples, fresh pool
   flip_reference: int = 64
   flip_pool: int = 144
+  binary_secondary: bool = True  # the same arms on the 0/1 reward: the secondary table
   base: dict = dataclasses.field(default_factory=dict)
   setting: str = ""  # the testbed in words when it is not the CPU one (full-size runs)
 
@@ -142,11 +147,12 @@ def seeds_from_power(sz: Sizes) -> int:
   return max(sz.min_seeds, stats.seeds_needed(sz.pilot_sd, sz.min_effect))
 
 
-def base_config(sz: Sizes) -> dict:
+def base_config(sz: Sizes, *, graded: bool = True) -> dict:
+  """The testbed's RLConfig dict: graded reward (the primary table) or 0/1 (the secondary)."""
   from experiments import calibrate
 
   cfg = calibrate.testbed_config("b23-lr1e-4-kl0-p64")
-  cfg.update(graded_reward=True, steps=sz.steps, eval_every=sz.eval_every,
+  cfg.update(graded_reward=graded, steps=sz.steps, eval_every=sz.eval_every,
              eval_problems=sz.eval_problems, eval_samples=sz.eval_samples,
              checkpoint_every=10 ** 9)
   cfg.update(sz.base)
@@ -171,33 +177,41 @@ def arm_config(base: dict, g: int, baseline: str, *, kl_coef: float | None = Non
   raise ValueError(f"unknown baseline {baseline!r}")
 
 
-def arm_names(sz: Sizes) -> dict:
-  """{arm name: (G, baseline)}: the G=8 target, then every baseline at G=2."""
-  out = {f"G{sz.large_g}-mean": (sz.large_g, "mean")}
-  out.update({f"G{sz.small_g}-{bl}": (sz.small_g, bl) for bl in BASELINES})
+def arm_names(sz: Sizes, prefix: str = "") -> dict:
+  """{arm name: (G, baseline)}: the G=8 target, then every baseline at G=2; ``prefix``
+  ``BINARY`` names the secondary table's arms."""
+  out = {f"{prefix}G{sz.large_g}-mean": (sz.large_g, "mean")}
+  out.update({f"{prefix}G{sz.small_g}-{bl}": (sz.small_g, bl) for bl in BASELINES})
   return out
 
 
-def claims(sz: Sizes) -> list[harness.Claim]:
+def claims(sz: Sizes, prefix: str = "") -> list[harness.Claim]:
   """The testbed gate (family "testbed"; one-sample claims about the gain over the SFT start,
-  filled in by ``summarize``) and the paper's claims about trained arms (family "mc_grpo")."""
+  filled in by ``summarize``) and the paper's claims about trained arms (family "mc_grpo").
+
+  ``prefix`` ``BINARY``: the same claims about the secondary table's arms (0/1 reward), ids
+  ending in "_01", family "mc_grpo_01"; ``summarize`` judges them as their own gate and family.
+  """
   g0, g1 = sz.small_g, sz.large_g
+  tag, fam = ("_01", "mc_grpo_01") if prefix else ("", "mc_grpo")
+  a = lambda name: prefix + name  # noqa: E731
   return [
-      harness.Claim("grpo_learns_large_g", f"GRPO at G={g1} gains over the SFT start", "gain",
-                    (f"G{g1}-mean",), family="testbed"),
-      harness.Claim("grpo_learns_small_g", f"GRPO at G={g0} gains over the SFT start", "gain",
-                    (f"G{g0}-mean",), family="testbed"),
-      harness.Claim("gap_within_1pct", f"the median at G={g0} comes within 1% of G={g1}",
-                    METRIC, (f"G{g1}-mean", f"G{g0}-median"), "equivalent", GAP_MARGIN,
-                    "mc_grpo"),
-      harness.Claim("median_beats_mean_small_g", f"median beats the mean baseline at G={g0}",
-                    METRIC, (f"G{g0}-median", f"G{g0}-mean"), family="mc_grpo"),
-      harness.Claim("median_beats_random_drop_small_g",
+      harness.Claim("grpo_learns_large_g" + tag, f"GRPO at G={g1} gains over the SFT start",
+                    "gain", (a(f"G{g1}-mean"),), family="testbed"),
+      harness.Claim("grpo_learns_small_g" + tag, f"GRPO at G={g0} gains over the SFT start",
+                    "gain", (a(f"G{g0}-mean"),), family="testbed"),
+      harness.Claim("gap_within_1pct" + tag, f"the median at G={g0} comes within 1% of G={g1}",
+                    METRIC, (a(f"G{g1}-mean"), a(f"G{g0}-median")), "equivalent", GAP_MARGIN,
+                    fam),
+      harness.Claim("median_beats_mean_small_g" + tag,
+                    f"median beats the mean baseline at G={g0}", METRIC,
+                    (a(f"G{g0}-median"), a(f"G{g0}-mean")), family=fam),
+      harness.Claim("median_beats_random_drop_small_g" + tag,
                     f"median beats the unbiased same-compute control at G={g0}", METRIC,
-                    (f"G{g0}-median", f"G{g0}-mean_random"), family="mc_grpo"),
-      harness.Claim("median_beats_min_abs_drop_small_g",
+                    (a(f"G{g0}-median"), a(f"G{g0}-mean_random")), family=fam),
+      harness.Claim("median_beats_min_abs_drop_small_g" + tag,
                     f"median beats the official same-compute ablation at G={g0}", METRIC,
-                    (f"G{g0}-median", f"G{g0}-mean_drop"), family="mc_grpo"),
+                    (a(f"G{g0}-median"), a(f"G{g0}-mean_drop")), family=fam),
   ]
 
 
@@ -296,6 +310,10 @@ def units(config: dict) -> dict:
   base = base_config(sz)
   cfgs = {name: arm_config(base, g, bl, kl_coef=0.0, rescale=True)
           for name, (g, bl) in arm_names(sz).items()}
+  if sz.binary_secondary:  # the same arms and recipes, only the reward differs
+    binary = base_config(sz, graded=False)
+    cfgs.update({name: arm_config(binary, g, bl, kl_coef=0.0, rescale=True)
+                 for name, (g, bl) in arm_names(sz, BINARY).items()})
   out = rl_seeds.arm_units(cfgs, list(range(sz.seeds)))
   small = cfgs[f"G{sz.small_g}-mean"]
   out["sign_flips"] = harness.Unit(
@@ -312,7 +330,7 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   if prefix not in ("math-", "gsm8k-"):
     raise harness.RunsError(f"mc_grpo --full: --prefix must be 'math-' or 'gsm8k-' (one "
                             f"dataset per table), got {prefix!r}")
-  sz = Sizes()
+  sz = Sizes(binary_secondary=False)
   wanted = {prefix + n for n in arm_names(sz)}
   runs = {k[len(prefix):]: v
           for k, v in harness.collect_runs(runs_dir, full_size.FULL, select=wanted).items()}
@@ -379,26 +397,40 @@ def gap_fraction(low, mid, high, *, level: float = 0.95, n_resamples: int = 9999
 
 
 # ---------------------------------------------------------------------------------- summary
+def _judge_table(results: dict, sz: Sizes, prefix: str = "") -> dict:
+  """One table's cells, differences, gap fraction and gated verdicts, over the arms of
+  ``arm_names(sz, prefix)``."""
+  names = arm_names(sz, prefix)
+  prim = {name: primary(results[name], sz.window) for name in names}
+  first = results[next(iter(names))]["evals"][0]["per_seed"]
+  start = float(np.mean([e[METRIC] for e in first]))
+  g0, g1 = f"{prefix}G{sz.small_g}", f"{prefix}G{sz.large_g}"
+  judged, learned = harness.judge_gated(claims(sz, prefix), {"gain": prim, METRIC: prim},
+                                        start=start)
+  return {"start_pass@1": start, "cells": {n: harness.cell(v) for n, v in prim.items()},
+          "gains": {n: harness.cell(v - start) for n, v in prim.items()},
+          "vs": {bl: harness.diff_cell(prim[f"{g0}-median"], prim[f"{g0}-{bl}"])
+                 for bl in BASELINES if bl != "median"},
+          "gap": harness.diff_cell(prim[f"{g1}-mean"], prim[f"{g0}-mean"]),
+          "gap_closed": gap_fraction(prim[f"{g0}-mean"], prim[f"{g0}-median"],
+                                     prim[f"{g1}-mean"]),
+          "base_learned": learned, "claims": [v.to_json() for v in judged],
+          "verdicts": {v.claim.id: v.verdict for v in judged},
+          "final_eval": {n: harness.cell(rl_seeds.final_metric(results[n], METRIC))
+                         for n in names},
+          "arm_seconds": {n: results[n]["seconds"] for n in names}}
+
+
 def summarize(report: dict) -> dict:
   results, flips, sz = report["data"]["arms"], _flips(report), _sizes(report["config"])
-  prim = {name: primary(arm, sz.window) for name, arm in results.items()}
-  first = results[next(iter(results))]["evals"][0]["per_seed"]
-  start = float(np.mean([e[METRIC] for e in first]))
-  g0, g1 = sz.small_g, sz.large_g
-  judged, learned = harness.judge_gated(claims(sz), {"gain": prim, METRIC: prim}, start=start)
-  s = {"start_pass@1": start, "cells": {n: harness.cell(v) for n, v in prim.items()},
-       "gains": {n: harness.cell(v - start) for n, v in prim.items()},
-       "vs": {bl: harness.diff_cell(prim[f"G{g0}-median"], prim[f"G{g0}-{bl}"])
-              for bl in BASELINES if bl != "median"},
-       "gap": harness.diff_cell(prim[f"G{g1}-mean"], prim[f"G{g0}-mean"]),
-       "gap_closed": gap_fraction(prim[f"G{g0}-mean"], prim[f"G{g0}-median"],
-                                  prim[f"G{g1}-mean"]),
-       "seeds_from_power": seeds_from_power(sz), "base_learned": learned,
-       "claims": [v.to_json() for v in judged],
-       "final_eval": {n: harness.cell(rl_seeds.final_metric(a, METRIC))
-                      for n, a in results.items()},
-       "arm_seconds": {n: a["seconds"] for n, a in results.items()}}
-  s["verdicts"] = {v.claim.id: v.verdict for v in judged}
+  g0 = sz.small_g
+  s = _judge_table(results, sz)
+  s["seeds_from_power"] = seeds_from_power(sz)
+  s["binary"] = None
+  if sz.binary_secondary:
+    s["binary"] = _judge_table(results, sz, BINARY)
+    s["verdicts"].update(s["binary"]["verdicts"])
+    s["arm_seconds"].update(s["binary"]["arm_seconds"])
   s["rates"] = None
   if flips is not None:
     graded = flips["graded"]
@@ -412,14 +444,17 @@ def summarize(report: dict) -> dict:
 def _setting(sz: Sizes) -> str:
   from experiments import calibrate
 
-  return sz.setting or f"{calibrate.describe(base_config(sz))}, no KL"
+  if sz.setting:
+    return sz.setting
+  return (f"{calibrate.describe(base_config(sz))}, no KL"
+          + ("; the same arms on the 0/1 reward as a secondary table" if sz.binary_secondary
+             else ""))
 
 
 def render(report: dict) -> str:
   s, flips, sz = report["summary"], _flips(report), _sizes(report["config"])
   g0, g1 = sz.small_g, sz.large_g
   mdes = [c["mde"] for c in s["claims"] if c["claim"]["family"] == "mc_grpo"]
-  gc = s["gap_closed"]
   lines = [
       "# MC-GRPO at full size" if report.get("full") else "# MC-GRPO at CPU scale", "",
       f"`{report['command']}`: {harness.seeds_note(sz, s['seeds_from_power'])}, {sz.steps} RL steps, {_setting(sz)}. Primary metric: test "
@@ -430,21 +465,32 @@ def render(report: dict) -> str:
       "Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude "
       "problem-sampling error (every arm is evaluated on the same fixed test problems with the "
       "same evaluation key).", "",
-      "## Primary metric", "",
-      "| arm | pass@1 (last-3 mean) | gain over SFT | final evaluation | minutes |",
-      "| --- | --- | --- | --- | --- |"]
-  for name, (g, bl) in arm_names(sz).items():
-    lines.append(f"| G={g}, {LABELS[bl]} | {harness.fmt(s['cells'][name])} | "
-                 f"{harness.fmt(s['gains'][name])} | {harness.fmt(s['final_eval'][name])} | "
-                 f"{harness.minutes(s['arm_seconds'][name])} |")
-  lines += ["", "## Differences at G=2 and the gap", "", "| comparison | difference |",
-            "| --- | --- |",
-            f"| G={g1} minus G={g0}, GRPO (the gap) | {harness.fmt(s['gap'])} |"]
-  for bl, c in s["vs"].items():
-    lines.append(f"| G={g0}: median minus {LABELS[bl]} | {harness.fmt(c)} |")
-  lines += ["", f"Fraction of the G={g0} to G={g1} gap the median closes, (median - mean) / "
-            f"(G{g1} - mean) at G={g0}: {gc['fraction']:+.2f} [{gc['lo']:+.2f}, {gc['hi']:+.2f}] "
-            f"({gc['method']}).", ""]
+      "## Primary metric", ""]
+  if s.get("binary"):
+    lines += ["The secondary table trains the same arms with the same recipes on the 0/1 "
+              "reward (1 for an exact answer, else 0), where a baseline can zero an advantage "
+              "but never flip its sign; its SFT start is the same policy "
+              f"({s['binary']['start_pass@1']:.3f}).", ""]
+  lines += ["| reward | arm | pass@1 (last-3 mean) | gain over SFT | final evaluation | "
+            "minutes |", "| --- | --- | --- | --- | --- | --- |"]
+  tables = [("graded", "", s)] + ([("0/1", BINARY, s["binary"])] if s.get("binary") else [])
+  for reward, prefix, t in tables:
+    for name, (g, bl) in arm_names(sz, prefix).items():
+      lines.append(f"| {reward} | G={g}, {LABELS[bl]} | {harness.fmt(t['cells'][name])} | "
+                   f"{harness.fmt(t['gains'][name])} | {harness.fmt(t['final_eval'][name])} | "
+                   f"{harness.minutes(t['arm_seconds'][name])} |")
+  lines += ["", "## Differences at G=2 and the gap", "", "| reward | comparison | difference |",
+            "| --- | --- | --- |"]
+  for reward, prefix, t in tables:
+    lines.append(f"| {reward} | G={g1} minus G={g0}, GRPO (the gap) | {harness.fmt(t['gap'])} |")
+    for bl, c in t["vs"].items():
+      lines.append(f"| {reward} | G={g0}: median minus {LABELS[bl]} | {harness.fmt(c)} |")
+  lines.append("")
+  for reward, prefix, t in tables:
+    gc = t["gap_closed"]
+    lines += [f"Fraction of the G={g0} to G={g1} gap the median closes, {reward} reward, "
+              f"(median - mean) / (G{g1} - mean) at G={g0}: {gc['fraction']:+.2f} "
+              f"[{gc['lo']:+.2f}, {gc['hi']:+.2f}] ({gc['method']}).", ""]
   if flips is not None:
     lines += [
         "## Advantage sign flips on the SFT policy", "",
@@ -472,7 +518,21 @@ def render(report: dict) -> str:
              "claims below compare arms of a testbed where the base method does not learn."),
             "", f"Variant claims (one Holm family), {sz.seeds} seeds per arm:", "",
             *harness.verdict_rows(paper), "",
-            harness.protocol_note(paper), "", harness.rules_note(s["claims"]), ""]
+            harness.protocol_note(paper), ""]
+  every = list(s["claims"])
+  if s.get("binary"):
+    b = s["binary"]
+    gate01 = [c for c in b["claims"] if c["claim"]["family"] == "testbed"]
+    paper01 = [c for c in b["claims"] if c["claim"]["family"] == "mc_grpo_01"]
+    every += b["claims"]
+    lines += ["### Secondary table: the same claims on the 0/1 reward", "",
+              "Pre-declared as secondary: its own gate and Holm families, judged the same way.",
+              "", *harness.verdict_rows(gate01), "",
+              ("Gate passed: GRPO learns at both G on the 0/1 reward." if b["base_learned"]
+               else "**Gate failed** on the 0/1 reward: the variant claims below are not "
+               "judged."), "", *harness.verdict_rows(paper01), "",
+              harness.protocol_note(paper01), ""]
+  lines += [harness.rules_note(every), ""]
   r = s["rates"]
   if r is None:
     lines += ["The mechanism claim (opposite-sign rates) is measured on the CPU SFT policy "
@@ -501,11 +561,14 @@ def plot(report: dict, out_dir: str) -> list[str]:
   import matplotlib.pyplot as plt
 
   fig, ax = plt.subplots(figsize=(6, 3.6))
-  for name, (g, bl) in arm_names(sz).items():
-    arm = results[name]
-    steps = [e["step"] for e in arm["evals"]]
-    vals = np.array([[x[METRIC] for x in e["per_seed"]] for e in arm["evals"]])
-    ax.plot(steps, vals.mean(1), marker="o", label=f"G={g}, {LABELS[bl]}")
+  tables = [("", "-", "graded")] + ([(BINARY, ":", "0/1")] if sz.binary_secondary else [])
+  for prefix, style, reward in tables:
+    for i, (name, (g, bl)) in enumerate(arm_names(sz, prefix).items()):
+      arm = results[name]
+      steps = [e["step"] for e in arm["evals"]]
+      vals = np.array([[x[METRIC] for x in e["per_seed"]] for e in arm["evals"]])
+      ax.plot(steps, vals.mean(1), marker="o", linestyle=style, color=f"C{i}",
+              label=f"{reward}: G={g}, {LABELS[bl]}")
   ax.set_xlabel("RL step")
   ax.set_ylabel("test pass@1 (mean over seeds)")
   ax.legend(fontsize=6)

@@ -67,6 +67,10 @@ def test_arm_configs():
   assert cfg["graded_reward"] and cfg["num_prompts"] == 64 and cfg["lr"] == 1e-4
   assert cfg["task_spec"] == dict(min_digits=2, max_digits=3, terms=2) and cfg["steps"] == 100
   assert mc_grpo.seeds_from_power(sz) == 8 == sz.seeds
+  # the secondary table: the same testbed on the 0/1 reward
+  assert sz.binary_secondary and not mc_grpo.base_config(sz, graded=False)["graded_reward"]
+  assert {k: v for k, v in mc_grpo.base_config(sz, graded=False).items()
+          if k != "graded_reward"} == {k: v for k, v in cfg.items() if k != "graded_reward"}
   assert list(mc_grpo.arm_names(sz)) == ["G8-mean", "G2-mean", "G2-median", "G2-mean_drop",
                                          "G2-mean_random"]
 
@@ -91,7 +95,7 @@ def test_reproduce_mc_grpo_quick(tmp_path, monkeypatch):
   summary = res["summary"]
   sz = mc_grpo.sizes(True)
   assert set(summary["verdicts"]) == {c.id for c in mc_grpo.claims(sz)} | {
-      "median_fewer_sign_flips"}
+      c.id for c in mc_grpo.claims(sz, mc_grpo.BINARY)} | {"median_fewer_sign_flips"}
   assert set(summary["verdicts"].values()) <= {"reproduced", "not reproduced", "inconclusive",
                                            harness.NOT_JUDGED}
   assert [c["claim"]["family"] for c in summary["claims"]] == ["testbed"] * 2 + ["mc_grpo"] * 4
@@ -100,7 +104,13 @@ def test_reproduce_mc_grpo_quick(tmp_path, monkeypatch):
   assert all(c["claim"]["center"] == summary["start_pass@1"] for c in summary["claims"][:2])
   assert summary["rates"]["method"].startswith("two-proportion z-test")
   assert all(arm["compilations"] == 1 for arm in res["data"]["arms"].values())
-  assert list(res["data"]["arms"]) == list(mc_grpo.arm_names(sz))
+  assert list(res["data"]["arms"]) == (list(mc_grpo.arm_names(sz))
+                                       + list(mc_grpo.arm_names(sz, mc_grpo.BINARY)))
+  # the secondary table: the same arms on the 0/1 reward, its own gate and family
+  assert not any(a["config"]["graded_reward"] for n, a in res["data"]["arms"].items()
+                 if n.startswith(mc_grpo.BINARY))
+  assert [c["claim"]["family"] for c in summary["binary"]["claims"]] == (
+      ["testbed"] * 2 + ["mc_grpo_01"] * 4)
   for kind, per in res["data"]["sign_flips"].items():
     for bl, d in per.items():
       for v in d.values():
@@ -112,6 +122,7 @@ def test_reproduce_mc_grpo_quick(tmp_path, monkeypatch):
           assert v["opposite"] == 0.0
   table = (out / "table.md").read_text()
   assert "## Paper claims" in table and "comes within 1%" in table and "Gate" in table
+  assert "### Secondary table: the same claims on the 0/1 reward" in table
   # Resumable: a second run reuses every finished arm and trains nothing.
   cached = sorted(os.listdir(out / "cache"))
 
