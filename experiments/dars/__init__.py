@@ -39,7 +39,9 @@ pilot SD 0.0075 (pass@64 over the last 3 evaluations, the ACE table's previous d
 minimum effect 0.02 (the margin of "no gain"), floor 8. GRPO must learn first: ``grpo-n8``'s
 pass@1 gain over the SFT start is judged as a gate (its own family).
 
-The paper's own setup at full size (accelerators, not run here): ``experiments/dars/full.py``.
+The paper's own setup at full size (accelerators, not run here): ``experiments/dars/full.py``;
+``python scripts/reproduce.py dars --full --runs DIR`` judges its run directories (one per arm x
+seed; the equal-treatment arms in the CPU arms' places, ``FULL_ARMS``) with this table's code.
 
 Outputs in ``--out`` (default ``results/dars``): ``table.md``, ``results.json``, ``passk.png``,
 ``cumulative_advantage.png``; finished arms are cached under ``cache/``. The block below is
@@ -74,6 +76,7 @@ Sanity check (holds by algebra, not a reproduction): the mean-only cumulative ad
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import os
 
@@ -107,6 +110,7 @@ class Sizes:
   min_effect: float = 0.02  # also the margin of the "no gain" equivalence claim
   min_seeds: int = 8
   base: dict = dataclasses.field(default_factory=dict)
+  setting: str = ""  # the testbed in words when it is not the CPU one (full-size runs)
 
 
 def sizes(quick: bool) -> Sizes:
@@ -255,14 +259,17 @@ def interaction(values: dict, level: float = 0.95) -> dict:
 
 def summarize(report: dict) -> dict:
   sz = Sizes(**report["config"])
-  results, curve = report["data"]["arms"], report["data"]["curve"]
+  results, curve = report["data"]["arms"], report["data"].get("curve")
   ks = _ks(sz)
-  keys = [f"pass@{k}" for k in ks] + [f"pass@{k}/d{sz.hardest}" for k in ks]
   base_name = f"grpo-n{sz.n}"
+  first = results[base_name]["evals"][0]["per_seed"]
+  # the difficulty bucket where the task has one (digit counts; MATH records have none)
+  keys = [f"pass@{k}" for k in ks] + [f"pass@{k}/d{sz.hardest}" for k in ks
+                                      if f"pass@{k}/d{sz.hardest}" in first[0]]
   s = {"ks": ks, "keys": keys, "cells": {}, "vs_base": {}, "stage2": {},
        "seeds_from_power": seeds_from_power(sz),
-       "arm_seconds": {n: a["seconds"] for n, a in results.items()}}
-  first = results[base_name]["evals"][0]["per_seed"]
+       "arm_seconds": {n: a["seconds"] for n, a in results.items()},
+       "updates": {n: _updates(a["config"]) for n, a in results.items()}}
   s["start"] = {k: float(np.mean([e[k] for e in first])) for k in keys}
   values = {k: {name: _window(arm, k, sz.window) for name, arm in results.items()}
             for k in keys}
@@ -281,14 +288,17 @@ def summarize(report: dict) -> dict:
                                       "dars-et": values[k]["dars-et"],
                                       "base": values[k][base_name]})
                       for k in ("pass@1", f"pass@{max(ks)}")}
-  acc = np.asarray(curve["accuracy"])
-  dr = np.asarray(curve["dr_grpo"], np.float64)
-  peak = float(acc[np.nanargmax(dr)]) if np.any(np.isfinite(dr)) else float("nan")
-  s["curve_peak_accuracy"] = peak
   judged, s["base_learned"] = harness.judge_gated(claims(sz), values,
                                                   start=s["start"]["pass@1"])
   s["claims"] = [v.to_json() for v in judged]
   s["verdicts"] = {v.claim.id: v.verdict for v in judged}
+  s["sanity"] = None
+  if curve is None:  # full-size runs: the curve is measured on the CPU SFT policy only
+    return s
+  acc = np.asarray(curve["accuracy"])
+  dr = np.asarray(curve["dr_grpo"], np.float64)
+  peak = float(acc[np.nanargmax(dr)]) if np.any(np.isfinite(dr)) else float("nan")
+  s["curve_peak_accuracy"] = peak
   # A sanity check, not a claim: with A = r - mean and binary rewards the cumulative |A| of a
   # group of accuracy a is 2 N a (1 - a), which peaks at a = 0.5 by algebra.
   s["sanity"] = {"cumulative_advantage_peaks_at_half": (
@@ -297,21 +307,30 @@ def summarize(report: dict) -> dict:
   return s
 
 
+def _updates(cfg: dict) -> int:
+  """Optimizer updates of a run: steps x mini-batches x epochs."""
+  return (int(cfg["steps"]) * int(cfg.get("num_minibatches", 1))
+          * int(cfg.get("num_iterations", 1)))
+
+
 def render(report: dict) -> str:
   from experiments import calibrate
 
-  s, curve, sz = report["summary"], report["data"]["curve"], Sizes(**report["config"])
+  s, curve, sz = report["summary"], report["data"].get("curve"), Sizes(**report["config"])
   ks, keys = s["ks"], s["keys"]
   kmax = max(ks)
+  base_name = f"grpo-n{sz.n}"
+  setting = sz.setting or (f"{sz.steps} RL steps (breadth arms: {sz.steps // sz.breadth} steps "
+                           f"of {sz.breadth}x the prompts), {calibrate.describe(base_config(sz))}")
   head = [k.replace(f"/d{sz.hardest}", f" ({sz.hardest}-digit)") for k in keys]
   paper = [c for c in s["claims"] if c["claim"]["family"] == "dars"]
   gate = [c for c in s["claims"] if c["claim"]["family"] == "testbed"]
   mdes = [c["mde"] for c in paper]
   lines = [
-      "# DARS / DARS-B at CPU scale", "",
-      f"`{report['command']}`: {harness.seeds_note(sz, s['seeds_from_power'])}, {sz.steps} RL steps (breadth arms: {sz.steps // sz.breadth} steps of "
-      f"{sz.breadth}x the prompts), {calibrate.describe(base_config(sz))}, DARS objective. "
-      f"Primary metrics: test pass@{kmax} and pass@1 ({sz.eval_problems} problems x "
+      "# DARS / DARS-B at full size" if report.get("full") else "# DARS / DARS-B at CPU scale",
+      "", f"`{report['command']}`: {harness.seeds_note(sz, s['seeds_from_power'])}, "
+      f"{setting}, DARS objective. "
+      f"Primary metrics: test pass@{kmax} and pass@1 ({sz.eval_problems or 'all'} problems x "
       f"{sz.eval_samples} samples), the mean of each seed's last {sz.window} evaluations. "
       f"Minimum detectable effect of the claims: {min(mdes):.3f}-{max(mdes):.3f}. "
       f"{harness.wall_time(report)} Cells: mean [95% t interval over seeds]; differences: "
@@ -323,16 +342,15 @@ def render(report: dict) -> str:
   for n, c in s["cells"].items():
     lines.append(f"| {n} | " + " | ".join(harness.fmt(c[k]) for k in keys)
                  + f" | {harness.minutes(s['arm_seconds'][n])} |")
-  lines += ["", f"## Minus grpo-n{sz.n}", "", "| arm | " + " | ".join(head) + " |",
+  lines += ["", f"## Minus {base_name}", "", "| arm | " + " | ".join(head) + " |",
             "| --- | " + " | ".join("---" for _ in keys) + " |"]
   for n, c in s["vs_base"].items():
     lines.append(f"| {n} | " + " | ".join(harness.fmt(c[k]) for k in keys) + " |")
   lines += ["", "## Breadth x depth", "",
-            "| metric | grpo-n8 | + depth (dars-et) | + breadth (grpo-b) | both (dars-b) | "
+            f"| metric | {base_name} | + depth (dars-et) | + breadth (grpo-b) | both (dars-b) | "
             "interaction (both - breadth) - (depth - base) |", "| --- | --- | --- | --- | --- | --- |"]
   for k, inter in s["interaction"].items():
-    cells = [harness.fmt(s["cells"][a][k]) for a in (f"grpo-n{sz.n}", "dars-et", "grpo-b",
-                                                      "dars-b")]
+    cells = [harness.fmt(s["cells"][a][k]) for a in (base_name, "dars-et", "grpo-b", "dars-b")]
     lines.append(f"| {k} | " + " | ".join(cells) + f" | {harness.fmt(inter)} |")
   lines += ["", "Interaction: Welch-Satterthwaite t interval over the four independent arms; "
             "0 is what orthogonal (additive) dimensions give.", "",
@@ -342,44 +360,62 @@ def render(report: dict) -> str:
   for n, r in s["stage2"].items():
     lines.append(f"| {n} | {r['dars_all_wrong_stage1']:.2f} | {r['dars_rescued']:.2f} | "
                  f"{r['dars_extra_rollouts']:.1f} | {r.get('dars_budget_used', float('nan')):.3f} |")
-  lines += ["", f"The static budget is P (n_max - N) rows, the schedule's largest demand, so no "
-            "prompt's stage-2 rollouts are ever truncated; the rows it does not need are sampled "
-            "and left out of the update.", "",
-            f"## Cumulative |advantage| per group vs group accuracy (SFT policy, N={sz.n})", "",
-            "| accuracy | " + " | ".join(f"{a:.3g}" for a in curve["accuracy"]) + " |",
-            "| --- | " + " | ".join("---" for _ in curve["accuracy"]) + " |",
-            "| groups | " + " | ".join(str(g) for g in curve["groups"]) + " |",
-            "| sum abs(A), mean only | " + " | ".join(f"{v:.2f}" for v in curve["dr_grpo"]) + " |",
-            "| sum abs(A), mean and std | " + " | ".join(f"{v:.2f}" for v in curve["grpo"]) + " |"]
-  lines += ["", "## Paper claims", "",
-            f"The gate (grpo-n{sz.n}'s pass@1 over the SFT start, one-sample t against it) must "
+  budgets = {r["config"].get("dars_budget") for r in report["data"]["arms"].values()
+             if r["config"].get("dars_schedule")}
+  lines += ["", (f"The static budget is P (n_max - N) rows, the schedule's largest demand, so no "
+                 "prompt's stage-2 rollouts are ever truncated; the rows it does not need are "
+                 "sampled and left out of the update." if budgets <= {0} else
+                 "The static stage-2 budget of these runs is below the schedule's largest "
+                 f"demand (dars_budget {sorted(budgets)}): a share used of 1.000 means demand "
+                 "was truncated."), ""]
+  if curve is not None:
+    lines += [
+        f"## Cumulative |advantage| per group vs group accuracy (SFT policy, N={sz.n})", "",
+        "| accuracy | " + " | ".join(f"{a:.3g}" for a in curve["accuracy"]) + " |",
+        "| --- | " + " | ".join("---" for _ in curve["accuracy"]) + " |",
+        "| groups | " + " | ".join(str(g) for g in curve["groups"]) + " |",
+        "| sum abs(A), mean only | " + " | ".join(f"{v:.2f}" for v in curve["dr_grpo"]) + " |",
+        "| sum abs(A), mean and std | " + " | ".join(f"{v:.2f}" for v in curve["grpo"]) + " |",
+        ""]
+  ups = s.get("updates") or {}
+  ub, ud = ups.get("grpo-b"), ups.get(base_name)
+  lines += ["## Paper claims", "",
+            f"The gate ({base_name}'s pass@1 over the SFT start, one-sample t against it) must "
             "pass before the DARS claims are read:", "", *harness.verdict_rows(gate), "",
             ("Gate passed: the base learns." if s["base_learned"] else
              "**Gate failed**: the base did not demonstrably learn, so the claims below compare "
              "arms of a testbed where the base method does not learn."), "",
             f"{sz.seeds} seeds per arm; one Holm family of {len(paper)} claims. The breadth "
-            f"arms make {sz.steps // sz.breadth * 2} optimizer updates against "
-            f"{sz.steps * 2} for grpo-n{sz.n} (DARS-B's recipe: full-batch updates over 2 "
-            "epochs), so the breadth claims are about that recipe, not batch size alone.", "",
+            f"arms make {ub if ub is not None else sz.steps // sz.breadth * 2} optimizer "
+            f"updates against {ud if ud is not None else sz.steps * 2} for {base_name} "
+            "(DARS-B's recipe: full-batch updates over 2 epochs), so the breadth claims are "
+            "about that recipe, not batch size alone.", "",
             *harness.verdict_rows(paper), "", harness.protocol_note(paper), "",
-            harness.rules_note(s["claims"]), "",
-            "Sanity check (holds by algebra, not a reproduction): the mean-only cumulative "
-            f"advantage peaks at accuracy 0.5: peak at {s['curve_peak_accuracy']:.3g}, "
-            f"{s['sanity']['cumulative_advantage_peaks_at_half']}.", ""]
+            harness.rules_note(s["claims"]), ""]
+  if s.get("sanity"):
+    lines += ["Sanity check (holds by algebra, not a reproduction): the mean-only cumulative "
+              f"advantage peaks at accuracy 0.5: peak at {s['curve_peak_accuracy']:.3g}, "
+              f"{s['sanity']['cumulative_advantage_peaks_at_half']}.", ""]
+  else:
+    lines += ["The cumulative-advantage sanity check is measured on the CPU SFT policy only; "
+              "full-size runs do not carry it.", ""]
   return "\n".join(lines)
 
 
 def plot(report: dict, out_dir: str) -> list[str]:
-  s, curve, sz = report["summary"], report["data"]["curve"], Sizes(**report["config"])
+  s, curve, sz = report["summary"], report["data"].get("curve"), Sizes(**report["config"])
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   ks = s["ks"]
-  fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-  for ax, suffix, title in ((axes[0], "", "all problems"),
-                            (axes[1], f"/d{sz.hardest}", f"{sz.hardest}-digit problems")):
+  panels = [("", "all problems")]
+  if f"pass@1/d{sz.hardest}" in s["keys"]:
+    panels.append((f"/d{sz.hardest}", f"{sz.hardest}-digit problems"))
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.4), squeeze=False)
+  axes = axes[0]
+  for ax, (suffix, title) in zip(axes, panels):
     for n, c in s["cells"].items():
       harness.errorbars(ax, ks, [c[f"pass@{k}{suffix}"] for k in ks], label=n, capsize=2)
     ax.plot(ks, [s["start"][f"pass@{k}{suffix}"] for k in ks], "k:", label="SFT start")
@@ -392,6 +428,8 @@ def plot(report: dict, out_dir: str) -> list[str]:
   fig.tight_layout()
   fig.savefig(os.path.join(out_dir, "passk.png"), dpi=120)
   plt.close(fig)
+  if curve is None:
+    return [os.path.join(out_dir, "passk.png")]
   fig, ax = plt.subplots(figsize=(4.8, 3.4))
   ax.plot(curve["accuracy"], curve["dr_grpo"], "o-", label="A = r - mean")
   ax.plot(curve["accuracy"], curve["grpo"], "s--", label="A = (r - mean) / std")
@@ -405,6 +443,43 @@ def plot(report: dict, out_dir: str) -> list[str]:
   return [os.path.join(out_dir, f) for f in ("passk.png", "cumulative_advantage.png")]
 
 
+# The full-size arms of ``experiments/dars/full.py`` that make this table, by the CPU arm they
+# stand for (equal-treatment schedule; the hardness-weighted arms are not in the table).
+FULL_ARMS = {"grpo-n8": "grpo-n8", "grpo-n16": "grpo-n16", "dars-et": "dars-et",
+             "grpo-breadth": "grpo-b", "dars-b-et": "dars-b"}
+
+
+def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
+  """Full-size runs of ``experiments/dars/full.py`` as this table's config and data: its
+  equal-treatment arms in the CPU arms' places (``FULL_ARMS``); the cumulative-advantage curve
+  and the digit bucket are CPU-only."""
+  full_size = importlib.import_module("experiments.dars.full")
+
+  if prefix:
+    raise harness.RunsError(f"dars --full: the table has one set of arms, no --prefix (got "
+                            f"{prefix!r})")
+  runs = harness.collect_runs(runs_dir, full_size.FULL, select=set(FULL_ARMS))
+  missing = [n for n in FULL_ARMS if n not in runs]
+  if missing:
+    raise harness.RunsError(f"dars --full: no runs under {runs_dir} for arm(s) "
+                            f"{', '.join(missing)}")
+  # n_max names the naive-N arm: full.py's stage-2 budget of P x N rows makes dars-et sample
+  # the rollouts of N = 16 (its schedule's n_max, 32, caps one prompt's rollouts)
+  base, wide = runs["grpo-n8"]["config"], runs["dars-b-et"]["config"]
+  seeds = {n: len(runs[n]["seeds"]) for n in FULL_ARMS}
+  sz = Sizes(seeds=min(seeds.values()), steps=base["steps"], num_prompts=base["num_prompts"],
+             n=base["group_size"], n_max=runs["grpo-n16"]["config"]["group_size"],
+             breadth=max(1, wide["num_prompts"] // base["num_prompts"]),
+             eval_every=base["eval_every"], eval_problems=base["eval_problems"],
+             eval_samples=base["eval_samples"],
+             setting=f"full size (experiments/dars/full.py: {base['task']}, {base['steps']} "
+                     f"steps of {base['num_prompts']} prompts, breadth arms {wide['steps']} "
+                     f"steps of {wide['num_prompts']}; lr {base['lr']:g} / {wide['lr']:g}"
+                     + ("" if len(set(seeds.values())) == 1 else
+                        f"; seeds per arm {seeds}, the header gives the fewest") + ")")
+  return dataclasses.asdict(sz), {"arms": {FULL_ARMS[n]: runs[n] for n in FULL_ARMS}}
+
+
 EXPERIMENT = harness.Experiment(name="dars", get_config=get_config, units=units,
                                 summarize=summarize, render=render, plot=plot, collect=collect,
-                                module="experiments.dars")
+                                module="experiments.dars", full=from_full_runs)

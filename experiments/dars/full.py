@@ -45,6 +45,10 @@ Command (one arm per run):
         task_spec='{"train": "/path/to/openr1.jsonl", "test": "/path/to/capacity_val.jsonl"}' \\
         mesh_fsdp=8 run_dir=runs/dars-b-et
 
+Table: ``python scripts/reproduce.py dars --full --runs runs/`` judges the finished run
+directories (grpo-n8, grpo-n16, dars-et, grpo-breadth, dars-b-et; >= 2 seeds each, set by
+``seed=``) with the CPU table's code, intervals and rules.
+
 Hardware: accelerators; the official runs used one node of 8 GPUs (80 GB class) with vLLM
 rollouts, FSDP and gradient checkpointing. Planned here for that node (``mesh_fsdp=8``): rollouts
 sampled 512 rows at a time, per-layer rematerialisation, the LM head in 512-token chunks and

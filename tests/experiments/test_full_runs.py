@@ -9,8 +9,9 @@ import os
 import numpy as np
 import pytest
 
-from experiments import ace, harness, mc_grpo
+from experiments import ace, dars, harness, mc_grpo
 ace_full = importlib.import_module("experiments.ace.full")
+dars_full = importlib.import_module("experiments.dars.full")
 mc_full = importlib.import_module("experiments.mc_grpo.full")
 from scripts import reproduce
 
@@ -167,3 +168,54 @@ def test_ace_full_runs_give_the_table(tmp_path, capsys):
   with pytest.raises(SystemExit) as e:
     reproduce.main(["ace", "--full", "--runs", str(bare), "--out", str(tmp_path / "o")])
   assert e.value.code == 2 and "logged no confidence diagnostics" in capsys.readouterr().err
+
+
+# planted (pass@1, pass@64) gains over grpo-n8 of each full-size DARS arm
+DARS_EFFECT = {"grpo-n8": (0.0, 0.0), "grpo-n16": (0.0, 0.0), "dars-et": (0.0, 0.03),
+               "grpo-breadth": (0.02, 0.0), "dars-b-et": (0.04, 0.05)}
+
+
+def test_dars_full_runs_give_the_table(tmp_path, capsys):
+  runs, out = tmp_path / "runs", tmp_path / "out"
+  rng = np.random.default_rng(2)
+  stage2 = {"dars_all_wrong_stage1": 30.0, "dars_rescued": 6.0, "dars_extra_rollouts": 900.0,
+            "dars_budget_used": 0.9}
+  for name, (g1, g64) in DARS_EFFECT.items():
+    for s in range(3):
+      evals = {0: {"pass@1": 0.30, "pass@4": 0.45, "pass@16": 0.6, "pass@64": 0.70}}
+      for f in (0.5, 0.75, 1.0):
+        evals[f] = {"pass@1": 0.35 + g1 + 0.003 * rng.standard_normal(), "pass@4": 0.5,
+                    "pass@16": 0.62, "pass@64": 0.70 + g64 + 0.003 * rng.standard_normal()}
+      write_run(str(runs), name, dars_full.FULL[name], s, evals,
+                train=stage2 if name.startswith("dars") else None)
+  # an arm the table does not use is recognised and left out
+  write_run(str(runs), "dars-hw", dars_full.FULL["dars-hw"], 0, {0: {"pass@1": 0.3}})
+  reproduce.main(["dars", "--full", "--runs", str(runs), "--out", str(out)])
+  res = json.loads((out / "results.json").read_text())
+  s = res["summary"]
+  assert list(res["data"]["arms"]) == list(dars.FULL_ARMS.values())
+  assert s["keys"] == ["pass@1", "pass@4", "pass@16", "pass@64"]  # no digit bucket in MATH
+  claims = {c["claim"]["id"]: c for c in s["claims"]}
+  assert s["base_learned"] and claims["grpo_learns"]["diff"] == pytest.approx(0.05, abs=0.005)
+  assert claims["dars_beats_matched_n"]["claim"]["arms"] == ["dars-et", "grpo-n16"]
+  assert claims["dars_beats_matched_n"]["diff"] == pytest.approx(0.03, abs=0.006)
+  assert claims["depth_adds_to_breadth"]["diff"] == pytest.approx(0.05, abs=0.006)
+  assert s["verdicts"]["breadth_improves_pass1"] == "reproduced"
+  assert s["updates"]["grpo-b"] == 86 * 2 and s["updates"]["grpo-n8"] == (
+      dars_full.STANDARD_STEPS * 2)
+  assert s["stage2"]["dars-et"]["dars_budget_used"] == pytest.approx(0.9)
+  assert s["sanity"] is None
+  table = (out / "table.md").read_text()
+  assert table.startswith("# DARS / DARS-B at full size") and "experiments/dars/full.py" in table
+  assert "below the schedule's largest demand" in table and "172 optimizer updates" in table
+  assert os.path.getsize(out / "passk.png") > 0 and not (out / "cumulative_advantage.png").exists()
+  with pytest.raises(SystemExit) as e:
+    reproduce.main(["dars", "--full", "--runs", str(runs), "--prefix", "x-",
+                    "--out", str(tmp_path / "o")])
+  assert e.value.code == 2 and "no --prefix" in capsys.readouterr().err
+  for d in (runs / "grpo-breadth-s0", runs / "grpo-breadth-s1", runs / "grpo-breadth-s2"):
+    (d / "config.json").unlink()
+  with pytest.raises(SystemExit) as e:
+    reproduce.main(["dars", "--full", "--runs", str(runs), "--out", str(tmp_path / "o")])
+  assert e.value.code == 2 and "for arm(s) grpo-breadth" in capsys.readouterr().err
+  assert not (tmp_path / "o").exists()
