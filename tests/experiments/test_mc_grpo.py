@@ -61,6 +61,10 @@ def test_arm_configs():
   assert mc_grpo.arm_config(base, 4, "median")["recipe_args"] == {}
   with pytest.raises(ValueError, match="unknown baseline"):
     mc_grpo.arm_config(base, 4, "mode")
+  with pytest.raises(ValueError, match="only run over the GRPO base"):
+    mc_grpo.arm_config(base, 2, "mean_drop", recipe="dapo")
+  med = mc_grpo.arm_config(base, 2, "median", kl_coef=0.0, rescale=True, recipe="dapo")
+  assert med["recipe_args"] == {"kl_coef": 0.0, "base": "dapo", "rescale": True}
   sz = mc_grpo.Sizes()
   # the pre-declared design: the calibrated testbed with the graded reward, seeds from power
   cfg = mc_grpo.base_config(sz)
@@ -95,7 +99,8 @@ def test_reproduce_mc_grpo_quick(tmp_path, monkeypatch):
   summary = res["summary"]
   sz = mc_grpo.sizes(True)
   assert set(summary["verdicts"]) == {c.id for c in mc_grpo.claims(sz)} | {
-      c.id for c in mc_grpo.claims(sz, mc_grpo.BINARY)} | {"median_fewer_sign_flips"}
+      c.id for c in mc_grpo.claims(sz, mc_grpo.BINARY)} | {
+      c.id for c in mc_grpo.base_claims(sz)} | {"median_fewer_sign_flips"}
   assert set(summary["verdicts"].values()) <= {"reproduced", "not reproduced", "inconclusive",
                                            harness.NOT_JUDGED}
   assert [c["claim"]["family"] for c in summary["claims"]] == ["testbed"] * 2 + ["mc_grpo"] * 4
@@ -105,7 +110,14 @@ def test_reproduce_mc_grpo_quick(tmp_path, monkeypatch):
   assert summary["rates"]["method"].startswith("two-proportion z-test")
   assert all(arm["compilations"] == 1 for arm in res["data"]["arms"].values())
   assert list(res["data"]["arms"]) == (list(mc_grpo.arm_names(sz))
-                                       + list(mc_grpo.arm_names(sz, mc_grpo.BINARY)))
+                                       + list(mc_grpo.arm_names(sz, mc_grpo.BINARY))
+                                       + list(mc_grpo.base_arm_names(sz)))
+  # over other bases: the base's own recipe for the mean, mc_grpo over it for the median
+  arms = res["data"]["arms"]
+  assert arms["dapo-G2-mean"]["config"]["recipe"] == "dapo"
+  assert arms["dr_grpo-G2-median"]["config"]["recipe_args"]["base"] == "dr_grpo"
+  assert [c["claim"]["family"] for c in summary["bases"]["claims"]] == (
+      ["testbed"] * 2 + ["mc_grpo_bases"] * 2)
   # the secondary table: the same arms on the 0/1 reward, its own gate and family
   assert not any(a["config"]["graded_reward"] for n, a in res["data"]["arms"].items()
                  if n.startswith(mc_grpo.BINARY))
@@ -123,6 +135,7 @@ def test_reproduce_mc_grpo_quick(tmp_path, monkeypatch):
   table = (out / "table.md").read_text()
   assert "## Paper claims" in table and "comes within 1%" in table and "Gate" in table
   assert "### Secondary table: the same claims on the 0/1 reward" in table
+  assert "### Over other bases" in table
   # Resumable: a second run reuses every finished arm and trains nothing.
   cached = sorted(os.listdir(out / "cache"))
 
