@@ -45,26 +45,36 @@ seed; the equal-treatment arms in the CPU arms' places, ``FULL_ARMS``) with this
 
 Outputs in ``--out`` (default ``results/dars``): ``table.md``, ``results.json``, ``passk.png``,
 ``cumulative_advantage.png``; finished arms are cached under ``cache/``. The block below is
-generated from ``results/dars/table.md``; until the table is regenerated with this design it
-holds the previous design's results (1-4 digits, 8 prompts per step, a truncating stage-2
-budget, 4 seeds).
+generated from ``results/dars/table.md`` (this design's first run; the wall time, 62.8 min,
+included about 15 minutes with other jobs on the 2 cores).
 
 Results on this CPU (generated from results/dars/table.md; do not edit by hand):
 
-`python scripts/reproduce.py dars`: 4 seeds per arm; pass@k from 200 test problems x 64 samples; 13.2 min on this machine. Cells: mean [95% t interval over seeds]; differences: Welch intervals. SFT start: pass@1 0.356, pass@4 0.510, pass@16 0.636, pass@64 0.730, pass@1 (4-digit) 0.002, pass@4 (4-digit) 0.006, pass@16 (4-digit) 0.024, pass@64 (4-digit) 0.096.
+`python scripts/reproduce.py dars`: 8 seeds per arm (8 from power: pilot SD 0.0075, minimum effect 0.02, 80% power, alpha 0.05; floor 8), 100 RL steps (breadth arms: 25 steps of 4x the prompts), band 2-3 digit addition, 0/1 reward, 64 prompts per step, lr 0.0001, DARS objective. Primary metrics: test pass@64 and pass@1 (200 problems x 64 samples), the mean of each seed's last 3 evaluations. Minimum detectable effect of the claims: 0.004-0.025. Wall time: 62.8 min of training and evaluation over all arms on this machine (this invocation 56.9 min; cached arms are not rerun). Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key). SFT start: pass@1 0.148, pass@4 0.389, pass@16 0.676, pass@64 0.840, pass@1 (3-digit) 0.096, pass@4 (3-digit) 0.284, pass@16 (3-digit) 0.541, pass@64 (3-digit) 0.731.
 
 ## Paper claims
 
-Final-evaluation values, 4 seeds per arm against grpo-n8; one Holm family. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key).
+The gate (grpo-n8's pass@1 over the SFT start, one-sample t against it) must pass before the DARS claims are read:
 
 | claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
 | --- | --- | --- | --- | --- | --- | --- |
-| naively larger N gives no pass@64 gain | grpo-n16: +0.004 [-0.046, +0.054] | 0.268 (0.268) | 0.857 | 4 vs 4 | 0.082 | inconclusive |
-| DARS improves pass@64 | dars-et: +0.030 [-0.004, +0.064] | 0.0374 (0.0747) | 0.0286 | 4 vs 4 | 0.045 | inconclusive |
-| DARS-B improves pass@1 | dars-b: +0.057 [+0.036, +0.078] | 0.00037 (0.00148) | 0.0143 | 4 vs 4 | 0.029 | reproduced |
-| DARS-B improves pass@64 | dars-b: +0.074 [+0.040, +0.107] | 0.00142 (0.00426) | 0.0143 | 4 vs 4 | 0.043 | reproduced |
+| grpo-n8 gains pass@1 over the SFT start | grpo-n8 - 0.148047: +0.087 [+0.084, +0.090] | 1.82e-11 (1.82e-11) | 0.00391 | 8 | 0.004 | reproduced |
 
-Statistics: TOST (Welch), margin 0.02; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 4 seeds per arm; pooled seed SD up to 0.0343; minimum detectable effect (80% power) 0.0288-0.0817.
+Gate passed: the base learns.
+
+8 seeds per arm; one Holm family of 7 claims. The breadth arms make 50 optimizer updates against 200 for grpo-n8 (DARS-B's recipe: full-batch updates over 2 epochs), so the breadth claims are about that recipe, not batch size alone.
+
+| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
+| --- | --- | --- | --- | --- | --- | --- |
+| naively larger N gives no pass@64 gain | grpo-n16: -0.014 [-0.028, +0.001] | 0.22 (0.659) | 0.121 | 8 vs 8 | 0.024 | inconclusive |
+| DARS improves pass@64 | dars-et: +0.011 [-0.006, +0.029] | 0.0929 (0.372) | 0.0997 | 8 vs 8 | 0.025 | inconclusive |
+| DARS improves pass@64 over the naive N of the same sampled rollouts | dars-et: +0.025 [+0.009, +0.041] | 0.00215 (0.0129) | 0.0035 | 8 vs 8 | 0.022 | reproduced |
+| breadth improves pass@1 | grpo-b: -0.003 [-0.006, +0.001] | 0.941 (1) | 0.942 | 8 vs 8 | 0.005 | inconclusive |
+| DARS-B improves pass@1 | dars-b: -0.002 [-0.005, +0.001] | 0.869 (1) | 0.878 | 8 vs 8 | 0.004 | inconclusive |
+| DARS-B improves pass@64 | dars-b: +0.067 [+0.051, +0.084] | 5.78e-07 (4.05e-06) | 0.0001 | 8 vs 8 | 0.023 | reproduced |
+| depth adds pass@64 on top of breadth | dars-b: +0.016 [+0.006, +0.027] | 0.00273 (0.0137) | 0.0024 | 8 vs 8 | 0.014 | reproduced |
+
+Statistics: TOST (Welch), margin 0.02; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.0164; minimum detectable effect (80% power) 0.00426-0.0248.
 
 Rules (`experiments/harness.py`): a directional claim is reproduced when its Holm-adjusted one-sided p is <= 0.05 and its 95% interval lies beyond the margin (0), not reproduced when the interval lies on the other side of the margin, inconclusive otherwise; an equivalence claim (margin 0.02) is reproduced when TOST rejects (Holm-adjusted), not reproduced when its 90% interval lies wholly outside the margin, inconclusive otherwise. The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD.
 
