@@ -47,7 +47,7 @@ regenerated with this design it holds the previous design's results (1-4 digits,
 
 Results on this CPU (generated from results/mc_grpo/table.md; do not edit by hand):
 
-`python scripts/reproduce.py mc_grpo`: 8 seeds per arm (8 from power: pilot SD 0.0078, minimum effect 0.0125, 80% power, alpha 0.05; floor 8), 100 RL steps, band 2-3 digit addition, graded reward, 64 prompts per step, lr 0.0001, no KL. Primary metric: test pass@1 (300 problems x 8 samples), the mean of each seed's last 3 evaluations. SFT start: 0.158. Minimum detectable effect of the variant claims: 0.007-0.008. Wall time: 18.3 min of training and evaluation over all arms on this machine (this invocation 18.3 min; cached arms are not rerun). Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key).
+`python scripts/reproduce.py mc_grpo`: 8 seeds per arm (8 from power: pilot SD 0.0078, minimum effect 0.0125, 80% power, alpha 0.05; floor 8), 100 RL steps, band 2-3 digit addition, graded reward, 64 prompts per step, lr 0.0001, no KL; the same arms on the 0/1 reward as a secondary table. Primary metric: test pass@1 (300 problems x 8 samples), the mean of each seed's last 3 evaluations. SFT start: 0.158. Minimum detectable effect of the variant claims: 0.007-0.008. Wall time: 37.7 min of training and evaluation over all arms on this machine (this invocation 19.6 min; cached arms are not rerun). Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key).
 
 ## Paper claims
 
@@ -70,6 +70,44 @@ Variant claims (one Holm family), 8 seeds per arm:
 | median beats the official same-compute ablation at G=2 | G2-median: -0.016 [-0.021, -0.010] | 1 (1) | 1 | 8 vs 8 | 0.008 | not reproduced |
 
 Statistics: TOST (Welch), margin 0.01; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.00541; minimum detectable effect (80% power) 0.00702-0.00816.
+
+### Secondary table: the same claims on the 0/1 reward
+
+Pre-declared as secondary: its own gate and Holm families, judged the same way.
+
+| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
+| --- | --- | --- | --- | --- | --- | --- |
+| GRPO at G=8 gains over the SFT start | 01-G8-mean - 0.1575: +0.080 [+0.078, +0.083] | 8.73e-12 (1.75e-11) | 0.00391 | 8 | 0.003 | reproduced |
+| GRPO at G=2 gains over the SFT start | 01-G2-mean - 0.1575: +0.040 [+0.036, +0.045] | 7.22e-08 (7.22e-08) | 0.00391 | 8 | 0.006 | reproduced |
+
+Gate passed: GRPO learns at both G on the 0/1 reward.
+
+| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
+| --- | --- | --- | --- | --- | --- | --- |
+| the median at G=2 comes within 1% of G=8 | 01-G8-mean: +0.027 [+0.022, +0.033] | 1 (1) | 0.0002 | 8 vs 8 | 0.009 | not reproduced |
+| median beats the mean baseline at G=2 | 01-G2-median: +0.012 [+0.005, +0.019] | 0.00152 (0.00606) | 0.0026 | 8 vs 8 | 0.010 | reproduced |
+| median beats the unbiased same-compute control at G=2 | 01-G2-median: +0.005 [-0.002, +0.012] | 0.0597 (0.179) | 0.0565 | 8 vs 8 | 0.010 | inconclusive |
+| median beats the official same-compute ablation at G=2 | 01-G2-median: -0.011 [-0.018, -0.004] | 0.998 (1) | 0.999 | 8 vs 8 | 0.009 | not reproduced |
+
+Statistics: TOST (Welch), margin 0.01; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.00668; minimum detectable effect (80% power) 0.00879-0.0101.
+
+### Over other bases: the median at G=2 over DAPO and Dr.GRPO (graded reward)
+
+The paper's "orthogonal to the base" claim: each base's own G=2 mean arm must gain over the SFT start (its own gate family), then median vs mean over that base (one Holm family).
+
+| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
+| --- | --- | --- | --- | --- | --- | --- |
+| DAPO at G=2 gains over the SFT start | dapo-G2-mean - 0.1575: +0.044 [+0.039, +0.049] | 1.1e-07 (1.1e-07) | 0.00391 | 8 | 0.007 | reproduced |
+| Dr.GRPO at G=2 gains over the SFT start | dr_grpo-G2-mean - 0.1575: +0.047 [+0.044, +0.050] | 3.42e-09 (6.85e-09) | 0.00391 | 8 | 0.004 | reproduced |
+
+Gate passed: every base learns at G=2.
+
+| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
+| --- | --- | --- | --- | --- | --- | --- |
+| over DAPO, the median beats the mean baseline at G=2 | dapo-G2-median: -0.001 [-0.007, +0.005] | 0.646 (1) | 0.655 | 8 vs 8 | 0.008 | inconclusive |
+| over Dr.GRPO, the median beats the mean baseline at G=2 | dr_grpo-G2-median: -0.000 [-0.005, +0.004] | 0.54 (1) | 0.537 | 8 vs 8 | 0.006 | inconclusive |
+
+Statistics: Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.00533; minimum detectable effect (80% power) 0.00612-0.00803.
 
 Rules (`experiments/harness.py`): a directional claim is reproduced when its Holm-adjusted one-sided p is <= 0.05 and its 95% interval lies beyond the margin (0), not reproduced when the interval lies on the other side of the margin, inconclusive otherwise; an equivalence claim (margin 0.01) is reproduced when TOST rejects (Holm-adjusted), not reproduced when its 90% interval lies wholly outside the margin, inconclusive otherwise. The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD.
 
