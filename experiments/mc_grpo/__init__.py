@@ -468,28 +468,35 @@ def gap_fraction(low, mid, high, *, level: float = 0.95, n_resamples: int = 9999
 
 
 # ---------------------------------------------------------------------------------- summary
+def _gated_cells(results: dict, names, claim_list, window: int, start: float) -> dict:
+  """Per-arm cells (primary metric, gain over ``start``, final evaluation, seconds) of the arms
+  ``names`` and the gated verdicts of ``claim_list``; "prim" holds the per-seed values."""
+  prim = {name: primary(results[name], window) for name in names}
+  judged, learned = harness.judge_gated(claim_list, {"gain": prim, METRIC: prim}, start=start)
+  return {"prim": prim, "cells": {n: harness.cell(v) for n, v in prim.items()},
+          "gains": {n: harness.cell(v - start) for n, v in prim.items()},
+          "final_eval": {n: harness.cell(rl_seeds.final_metric(results[n], METRIC))
+                         for n in names},
+          "arm_seconds": {n: results[n]["seconds"] for n in names},
+          "base_learned": learned, "claims": [v.to_json() for v in judged],
+          "verdicts": {v.claim.id: v.verdict for v in judged}}
+
+
 def _judge_table(results: dict, sz: Sizes, prefix: str = "") -> dict:
   """One table's cells, differences, gap fraction and gated verdicts, over the arms of
   ``arm_names(sz, prefix)``."""
   names = arm_names(sz, prefix)
-  prim = {name: primary(results[name], sz.window) for name in names}
   first = results[next(iter(names))]["evals"][0]["per_seed"]
   start = float(np.mean([e[METRIC] for e in first]))
+  t = _gated_cells(results, names, claims(sz, prefix), sz.window, start)
+  prim = t.pop("prim")
   g0, g1 = f"{prefix}G{sz.small_g}", f"{prefix}G{sz.large_g}"
-  judged, learned = harness.judge_gated(claims(sz, prefix), {"gain": prim, METRIC: prim},
-                                        start=start)
-  return {"start_pass@1": start, "cells": {n: harness.cell(v) for n, v in prim.items()},
-          "gains": {n: harness.cell(v - start) for n, v in prim.items()},
+  return {"start_pass@1": start, **t,
           "vs": {bl: harness.diff_cell(prim[f"{g0}-median"], prim[f"{g0}-{bl}"])
                  for bl in BASELINES if bl != "median"},
           "gap": harness.diff_cell(prim[f"{g1}-mean"], prim[f"{g0}-mean"]),
           "gap_closed": gap_fraction(prim[f"{g0}-mean"], prim[f"{g0}-median"],
-                                     prim[f"{g1}-mean"]),
-          "base_learned": learned, "claims": [v.to_json() for v in judged],
-          "verdicts": {v.claim.id: v.verdict for v in judged},
-          "final_eval": {n: harness.cell(rl_seeds.final_metric(results[n], METRIC))
-                         for n in names},
-          "arm_seconds": {n: results[n]["seconds"] for n in names}}
+                                     prim[f"{g1}-mean"])}
 
 
 def summarize(report: dict) -> dict:
@@ -504,17 +511,11 @@ def summarize(report: dict) -> dict:
     s["arm_seconds"].update(s["binary"]["arm_seconds"])
   s["bases"] = None
   if sz.bases:
-    names = base_arm_names(sz)
-    prim = {n: primary(results[n], sz.window) for n in names}
-    judged, learned = harness.judge_gated(base_claims(sz), {"gain": prim, METRIC: prim},
-                                          start=s["start_pass@1"])
-    s["bases"] = {"cells": {n: harness.cell(v) for n, v in prim.items()},
-                  "gains": {n: harness.cell(v - s["start_pass@1"]) for n, v in prim.items()},
-                  "final_eval": {n: harness.cell(rl_seeds.final_metric(results[n], METRIC))
-                                 for n in names},
-                  "base_learned": learned, "claims": [v.to_json() for v in judged]}
-    s["verdicts"].update({v.claim.id: v.verdict for v in judged})
-    s["arm_seconds"].update({n: results[n]["seconds"] for n in names})
+    s["bases"] = _gated_cells(results, base_arm_names(sz), base_claims(sz), sz.window,
+                              s["start_pass@1"])
+    del s["bases"]["prim"]
+    s["verdicts"].update(s["bases"]["verdicts"])
+    s["arm_seconds"].update(s["bases"]["arm_seconds"])
   s["rates"] = None
   if flips is not None:
     graded = flips["graded"]
