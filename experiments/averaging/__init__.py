@@ -60,15 +60,16 @@ import os
 import numpy as np
 
 from experiments import harness
+from rlpost.eval import stats
 from experiments.averaging import lm, sweep, t1_lr_gain, t2_spacing, t3_methods, t4_mwa
 from experiments.averaging import report as R
 
 TABLES = (("t1", t1_lr_gain), ("t2", t2_spacing), ("t3", t3_methods), ("t4", t4_mwa))
 README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
 # What results.json keeps of the sweep (every per-run evaluation point).
-DATA_KEYS = ("runs", "methods", "steps", "evals", "train_loss", "posthoc_ema",
-             "posthoc_sigma_rels", "mwa", "mwa_weights_run0", "entropy_floor", "num_params",
-             "sweep_seconds")
+DATA_KEYS = ("runs", "methods", "steps", "evals", "evals_acc", "train_loss", "posthoc_ema",
+             "posthoc_ema_acc", "posthoc_sigma_rels", "mwa", "mwa_acc", "mwa_weights_run0",
+             "entropy_floor", "bayes_accuracy", "num_params", "sweep_seconds")
 
 
 def get_config(quick: bool) -> dict:
@@ -100,9 +101,11 @@ def collect(config: dict, results: dict) -> dict:
 def _arrays(data: dict) -> dict:
   """``data`` with the per-run evaluations as float arrays (JSON nulls as NaN)."""
   arr = lambda x: np.asarray(x, np.float64)
-  return dict(data, evals=arr(data["evals"]), train_loss=arr(data["train_loss"]),
-              posthoc_ema=arr(data["posthoc_ema"]),
-              mwa={k: arr(v) for k, v in data["mwa"].items()})
+  return dict(data, evals=arr(data["evals"]), evals_acc=arr(data["evals_acc"]),
+              train_loss=arr(data["train_loss"]), posthoc_ema=arr(data["posthoc_ema"]),
+              posthoc_ema_acc=arr(data["posthoc_ema_acc"]),
+              mwa={k: arr(v) for k, v in data["mwa"].items()},
+              mwa_acc={k: arr(v) for k, v in data["mwa_acc"].items()})
 
 
 def summarize(report: dict) -> dict:
@@ -111,35 +114,44 @@ def summarize(report: dict) -> dict:
   tables = {name: mod.compute(data, cfg, claims) for name, mod in TABLES}
   judged = harness.judge_family(claims.claims, claims.values) if cfg.seeds >= 2 else []
   return {"tables": tables, "claims": [v.to_json() for v in judged],
-          "verdicts": {v.claim.id: v.verdict for v in judged}}
+          "verdicts": {v.claim.id: v.verdict for v in judged},
+          "seeds_from_power": max(cfg.min_seeds, stats.seeds_needed(cfg.pilot_sd,
+                                                                    cfg.min_effect))}
 
 
 def render(report: dict) -> str:
   s, d, cfg = report["summary"], report["data"], sweep_config(report["config"])
   judged = s["claims"]
+  mdes = [c["mde"] for c in judged]
+  mde = f" Minimum detectable effect of the claims: {min(mdes):.3g}-{max(mdes):.3g}." if mdes else ""
   lines = ["# Checkpoint averaging on a small language model", "",
-           f"`{report['command']}`: {len(d['runs'])} runs ({cfg.seeds} seeds per setting), "
+           f"`{report['command']}`: {len(d['runs'])} runs, "
+           f"{harness.seeds_note(cfg, s['seeds_from_power']).replace('per arm', 'per setting')}, "
            f"{cfg.steps} steps each; model {d['num_params']:,} parameters; entropy floor "
-           f"{d['entropy_floor']:.4f} nats/token; {report['seconds'] / 60:.1f} min on "
-           f"{R.machine_text(report.get('machine'))}. Cells: mean [95% t interval over seeds]; a "
-           "difference of two policies of the same runs: paired t interval.", "",
+           f"{d['entropy_floor']:.4f} nats/token; Bayes next-token accuracy "
+           f"{d['bayes_accuracy']:.4f}; {report['seconds'] / 60:.1f} min on "
+           f"{R.machine_text(report.get('machine'))}.{mde} Cells: mean [95% t interval over "
+           "seeds]; a difference of two policies of the same runs: paired t interval; accuracy: "
+           "the expected next-token accuracy (mean P_true of the model's argmax).", "",
            "## Paper claims", "",
-           f"Pre-declared metric: the excess loss at the final evaluation (step {cfg.steps}), "
+           f"Pre-declared metric: the excess loss at the final evaluation (step {cfg.steps}), and "
+           "for Kaddour's accuracy claims the expected next-token accuracy there, "
            f"{cfg.seeds} seeds; one Holm family per paper. Intervals cover seed-to-seed variation "
            "(initialisation and data order) only: every run and policy is scored on the same "
-           f"fixed {cfg.eval_seqs} held-out sequences (exact KL to the true next-token "
-           "distribution, no target sampling), so they exclude evaluation-data sampling error.",
-           ""]
+           f"fixed {cfg.eval_seqs} held-out sequences (exact KL to and expected accuracy under "
+           "the true next-token distribution, no target sampling), so they exclude "
+           "evaluation-data sampling error.", ""]
   lines += R.verdict_section(judged)
   lines += ["Rules (``experiments/harness.py``): \"lower loss\" is reproduced when the "
             "Holm-adjusted one-sided t test (paired for policies of the same runs, Welch across "
             "learning rates) gives p <= 0.05 and the 95% interval of a - b lies below 0, not "
-            "reproduced when it lies above 0, inconclusive otherwise; \"higher gain\" likewise "
+            "reproduced when it lies above 0, inconclusive otherwise; \"higher gain\" and "
+            "\"higher accuracy\" likewise "
             "with the signs flipped. \"As good as\" is an equivalence claim by TOST with margin "
             f"{t3_methods.POSTHOC_MARGIN:g} nats. The permutation p (exact sign-flip or "
-            "relabeling, not adjusted) is reported beside it. \"Tuned\" EMA decays, post-hoc "
-            "widths and MWA penalties are chosen on the same evaluation set (optimistic "
-            "baselines). Min. detectable: the difference 80% power would find at these seeds and "
+            "relabeling, not adjusted) is reported beside it. \"Tuned\" EMA decays and post-hoc "
+            "widths are chosen on the same evaluation set (optimistic baselines); the MWA claims' "
+            f"penalty (p = {cfg.mwa_p:g}) is pre-declared. Min. detectable: the difference 80% power would find at these seeds and "
             "the pooled seed SD.", ""]
   for name, mod in TABLES:
     lines += [mod.markdown(s["tables"][name]), ""]
@@ -224,15 +236,15 @@ def plot(report: dict, out_dir: str) -> list[str]:
   plt.close(fig)
 
   fig, ax = plt.subplots(figsize=(4.5, 3.2))
+  last_k = cfg.mwa_last
   for r in s["t4"]["rows"]:
-    if r["schedule"] != "constant":
-      continue
-    keys = ["uniform"] + sorted([k for k in r["cells"] if k.startswith("loss_p")],
-                                key=lambda k: float(k[6:]))
-    ps = [0.0] + [float(k[6:]) for k in keys[1:]]
-    bars = harness.errorbars(ax, ps, [r["cells"][k] for k in keys], label=f"LR {r['lr']:g}")
+    pens = sorted([(float(k[len("last_loss_p"):]), k) for k in r["explore"]
+                   if k.startswith("last_loss_p")] + [(0.0, "uniform"), (cfg.mwa_p, "mwa")])
+    vals = [r["cells"][k] if k in ("uniform", "mwa") else r["explore"][k] for _, k in pens]
+    bars = harness.errorbars(ax, [p for p, _ in pens], vals,
+                             label=f"LR {R.lr_label(r['schedule'], r['lr'])}")
     ax.axhline(r["cells"]["last"]["mean"], ls=":", lw=0.8, color=bars.lines[0].get_color())
-  ax.set_xlabel("MWA penalty p (loss-weighted; dotted: last checkpoint)")
+  ax.set_xlabel(f"MWA penalty p (loss-weighted, last {last_k}; dotted: last checkpoint)")
   ax.set_ylabel("excess loss (nats; 95% t interval)")
   ax.set_yscale("log")
   ax.legend(fontsize=7)

@@ -8,7 +8,8 @@ Language: x_0, x_1 uniform, then x_t ~ P(. | x_{t-2}, x_{t-1}) with each of the 
 H = sum_{a,b} pi(a, b) H(P(. | a, b)) under the stationary distribution pi of the pair chain.
 Evaluation uses the exact excess loss: the mean over held-out positions t >= 2 of
 KL(P(. | x_{t-2}, x_{t-1}) || model(. | x_{<t})), which is the cross-entropy minus the floor
-without the sampling noise of the targets.
+without the sampling noise of the targets, and the expected next-token accuracy, the mean of
+P(argmax of the model | x_{t-2}, x_{t-1}), likewise exact.
 
 Model: pre-norm decoder with learned positions and a token-shift path (the embedding of the
 previous token is added at each position, as in RWKV), so the two tokens that determine the next
@@ -130,6 +131,19 @@ def excess_loss(cfg: ModelConfig, p: dict, x: jax.Array, true_next: jax.Array) -
   logp = jax.nn.log_softmax(logits_fn(cfg, p, x[:, :-1]), -1)[:, 1:]
   kl = jnp.sum(true_next * (jnp.log(jnp.maximum(true_next, 1e-30)) - logp), -1)
   return jnp.mean(kl)
+
+
+def expected_accuracy(cfg: ModelConfig, p: dict, x: jax.Array,
+                      true_next: jax.Array) -> jax.Array:
+  """Mean over positions t >= 2 of P_true(argmax of the model's next-token distribution): the
+  next-token accuracy in expectation over the targets (exact, like ``excess_loss``)."""
+  guess = jnp.argmax(logits_fn(cfg, p, x[:, :-1])[:, 1:], -1)
+  return jnp.mean(jnp.take_along_axis(true_next, guess[..., None], -1)[..., 0])
+
+
+def bayes_accuracy(true_next: np.ndarray) -> float:
+  """The ceiling of ``expected_accuracy``: the mean over positions of max P_true."""
+  return float(np.mean(np.max(true_next, -1)))
 
 
 def true_next_probs(lang: Language, x: np.ndarray) -> np.ndarray:

@@ -2,7 +2,9 @@
 jitted, vmapped program, with the in-training averages carried in the state.
 
 Shape legend: R runs (learning rates x schedules x seeds), B batch, T = 64 tokens, K LAWA window,
-E eval points (every ``eval_every`` steps), C checkpoints kept for post-hoc averaging.
+E eval points (every ``eval_every`` steps), C checkpoints kept for post-hoc averaging, M the
+in-training methods (index 0 the raw parameters). Every evaluation gives the excess loss and the
+expected next-token accuracy (``lm.excess_loss``, ``lm.expected_accuracy``).
 
 One call of the jitted ``block`` advances all R runs by ``eval_every`` optimizer steps (a
 ``lax.scan``) and evaluates the raw parameters and every in-training average on the held-out
@@ -30,7 +32,10 @@ from rlpost import progress as progress_lib
 class SweepConfig:
   lrs: tuple = (1e-3, 3e-3, 1e-2, 3e-2)
   decay_lrs: tuple = (3e-3, 1e-2)  # the arm with cosine decay to 10% of the peak
-  seeds: int = 3
+  seeds: int = 8  # from power: stats.seeds_needed(pilot_sd, min_effect), floor min_seeds
+  pilot_sd: float = 0.0041
+  min_effect: float = 0.01
+  min_seeds: int = 8
   steps: int = 1000
   warmup: int = 50
   batch: int = 32
@@ -50,6 +55,8 @@ class SweepConfig:
   posthoc_sigma_rels: tuple = (0.02, 0.05, 0.075, 0.10, 0.15, 0.20)
   mwa_penalties: tuple = (1.0, 2.0, 4.0, 8.0)
   mwa_step_penalties: tuple = (1.0, 2.0, 4.0)
+  mwa_last: int = 10  # MWA merges the last mwa_last checkpoints (and, exploratory, all of them)
+  mwa_p: float = 8.0  # the pre-declared penalty of the MWA claims (loss^-p)
   model: lm.ModelConfig = lm.ModelConfig(layers=1, hidden=64, mlp=128)
   language_seed: int = 0
 
@@ -72,6 +79,7 @@ def quick_config() -> SweepConfig:
                      eval_every=20, eval_seqs=8, corpus_seqs=512, lawa_nus=(5, 20),
                      lawa_main_nu=20, lawa_k=3, ema_decays=(0.9,), swa_every=5,
                      posthoc_sigma_rels=(0.05, 0.1), mwa_penalties=(2.0,), mwa_step_penalties=(1.0,),
+                     mwa_last=3, mwa_p=2.0, min_seeds=2,
                      model=lm.ModelConfig(layers=1, hidden=16, heads=2, mlp=32))
 
 
@@ -121,8 +129,9 @@ def run_sweep(cfg: SweepConfig, *, progress: bool = True, log=print, on_block=No
   names = list(_transforms(cfg))
   power_names = [f"power_{s:g}" for s in cfg.power_sigma_rels]
 
-  def evaluate(p):
-    return lm.excess_loss(mcfg, p, eval_x, eval_p)
+  def evaluate(p):  # [2]: excess loss (nats), expected next-token accuracy
+    return jnp.stack([lm.excess_loss(mcfg, p, eval_x, eval_p),
+                      lm.expected_accuracy(mcfg, p, eval_x, eval_p)])
 
   def init(seed):
     key = jax.random.key(seed)
@@ -144,7 +153,7 @@ def run_sweep(cfg: SweepConfig, *, progress: bool = True, log=print, on_block=No
 
     carry, losses = jax.lax.scan(step, carry, None, length=cfg.eval_every)
     results = avg.result(carry["avg"], carry["params"])
-    ev = jnp.stack([evaluate(carry["params"])] + [evaluate(results[n]) for n in names])
+    ev = jnp.stack([evaluate(carry["params"])] + [evaluate(results[n]) for n in names])  # [M, 2]
     snaps = {"raw": carry["params"], **{n: carry["avg"][n].ema for n in power_names}}
     return carry, (ev, jnp.mean(losses), snaps)
 
@@ -163,13 +172,16 @@ def run_sweep(cfg: SweepConfig, *, progress: bool = True, log=print, on_block=No
     evals.append(ev)
     train_loss.append(np.asarray(tl))
     snapshots.append(jax.tree.map(np.asarray, snaps))
-    bar.set_postfix(raw=f"{ev[:, 0].mean():.3f}")
+    bar.set_postfix(raw=f"{ev[:, 0, 0].mean():.3f}")
     if on_block:
       on_block(1)
   steps = [(b + 1) * cfg.eval_every for b in range(n_blocks)]
+  ev = np.stack(evals, 1)  # [R, E, M, 2]
   out = {
       "runs": runs, "methods": ["raw"] + names, "steps": steps,
-      "evals": np.stack(evals, 1),  # [R, E, 1 + methods] excess loss (nats)
+      "evals": ev[..., 0],  # [R, E, M] excess loss (nats)
+      "evals_acc": ev[..., 1],  # [R, E, M] expected next-token accuracy
+      "bayes_accuracy": lm.bayes_accuracy(np.asarray(eval_p)),
       "train_loss": np.stack(train_loss, 1),  # [R, E] mean training loss of each block
       "entropy_floor": lang.entropy_floor, "num_params": lm.num_params(
           jax.tree.map(lambda x: x[0], carry["params"])),
@@ -205,24 +217,30 @@ def _posthoc(cfg, snapshots, steps, train_loss, evaluate_many, progress) -> dict
 
   out = {}
   # EDM2: reconstruct each width at every eval step from the two tracked profiles' snapshots.
-  ph = np.zeros((n_runs, len(steps), len(cfg.posthoc_sigma_rels)))
+  ph = np.zeros((2, n_runs, len(steps), len(cfg.posthoc_sigma_rels)))
   for j, t in enumerate(progress_lib.bar(steps, desc="post-hoc EMA", disable=not progress)):
     items = [(s, n) for s in steps if s <= t for n in gammas]
     for i, sr in enumerate(cfg.posthoc_sigma_rels):
       plan = A.plan_posthoc_ema(items, gammas, sr, target_step=t)
-      ph[:, j, i] = np.asarray(evaluate_many(A.average(load_all, plan)))
-  out["posthoc_ema"] = ph
+      ph[:, :, j, i] = np.asarray(evaluate_many(A.average(load_all, plan))).T
+  out["posthoc_ema"], out["posthoc_ema_acc"] = ph[0], ph[1]
   out["posthoc_sigma_rels"] = list(cfg.posthoc_sigma_rels)
-  # MWA over all checkpoints, weighted by the mean training loss of the block before each.
-  mwa = {}
-  for p in (0.0,) + tuple(cfg.mwa_penalties):
-    params = [A.average(load_run(r), A.plan_mwa(steps, p, metric=list(train_loss[r])))
-              for r in range(n_runs)]
-    mwa[f"loss_p{p:g}"] = np.asarray(evaluate_many(_stack_runs(params)))
-  for p in cfg.mwa_step_penalties:
-    mwa[f"step_p{p:g}"] = np.asarray(evaluate_many(A.average(load_all, A.plan_mwa(steps, p, weight_fn="step"))))
-  out["mwa"] = mwa
+  # MWA over the last ``mwa_last`` checkpoints ("last_" keys) and, exploratory, over all of them,
+  # weighted by the mean training loss of the block before each checkpoint, or by its step.
+  mwa, mwa_acc = {}, {}
+  for tag, sl in (("last_", slice(-cfg.mwa_last, None)), ("", slice(None))):
+    kept = steps[sl]
+    for p in (0.0,) + tuple(cfg.mwa_penalties):
+      params = [A.average(load_run(r), A.plan_mwa(kept, p, metric=list(train_loss[r][sl])))
+                for r in range(n_runs)]
+      ev = np.asarray(evaluate_many(_stack_runs(params)))
+      mwa[f"{tag}loss_p{p:g}"], mwa_acc[f"{tag}loss_p{p:g}"] = ev[:, 0], ev[:, 1]
+    for p in cfg.mwa_step_penalties:
+      ev = np.asarray(evaluate_many(A.average(load_all, A.plan_mwa(kept, p, weight_fn="step"))))
+      mwa[f"{tag}step_p{p:g}"], mwa_acc[f"{tag}step_p{p:g}"] = ev[:, 0], ev[:, 1]
+  out["mwa"], out["mwa_acc"] = mwa, mwa_acc
   out["mwa_weights_run0"] = {
-      f"loss_p{p:g}": list(A.plan_mwa(steps, p, metric=list(train_loss[0])).weights)
+      f"last_loss_p{p:g}": list(A.plan_mwa(steps[-cfg.mwa_last:], p,
+                                           metric=list(train_loss[0][-cfg.mwa_last:])).weights)
       for p in (0.0,) + tuple(cfg.mwa_penalties)}
   return out

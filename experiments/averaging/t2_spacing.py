@@ -14,7 +14,7 @@ from experiments.averaging.t1_lr_gain import FRACTIONS, SANYAL
 
 
 def compute(data: dict, cfg, claims: R.Claims) -> dict:
-  ev = data["evals"]
+  ev, acc = data["evals"], data["evals_acc"]
   rows = []
   for sched, lr in R.settings(data):
     if sched != "constant":
@@ -24,7 +24,8 @@ def compute(data: dict, cfg, claims: R.Claims) -> dict:
       m = R.method_index(data, f"lawa_nu{nu}")
       rows.append({"lr": lr, "nu": nu, "gain": {
           f"{int(f * 100)}%": R.gain(ev[idx, R.step_index(data, f), 0],
-                                     ev[idx, R.step_index(data, f), m]) for f in FRACTIONS}})
+                                     ev[idx, R.step_index(data, f), m]) for f in FRACTIONS},
+          "accuracy": harness.cell(acc[idx, -1, m])})
   best = {}
   for lr in sorted({r["lr"] for r in rows}):
     sub = [r for r in rows if r["lr"] == lr]
@@ -43,12 +44,12 @@ def compute(data: dict, cfg, claims: R.Claims) -> dict:
 
 def markdown(res: dict) -> str:
   fr = list(res["rows"][0]["gain"])
-  head = ["LR", "nu"] + [f"gain @ {k}" for k in fr]
+  head = ["LR", "nu"] + [f"gain @ {k}" for k in fr] + ["LAWA accuracy (final)"]
   rows = [[f"{r['lr']:g}", str(r["nu"])] + [harness.fmt(r["gain"][k]) for k in fr]
-          for r in res["rows"]]
+          + [harness.fmt(r["accuracy"], 4)] for r in res["rows"]]
   best = "; ".join(f"LR {lr}: " + ", ".join(f"{k} nu={v}" for k, v in b.items())
                    for lr, b in res["best_nu"].items())
   return (f"## T2. LAWA (k={res['k']}) gain vs spacing nu (constant LR)\n\n"
           "Gain = raw - LAWA (nats; positive: LAWA better); mean [95% t interval of the paired "
-          "per-seed gains].\n\n"
+          "per-seed gains]; accuracy: expected next-token accuracy.\n\n"
           + R.markdown_table(head, rows) + f"\n\nBest spacing by mean gain: {best}.")

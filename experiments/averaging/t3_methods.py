@@ -37,7 +37,7 @@ def _reach(curve: np.ndarray, threshold: float, steps: list[int]) -> float | Non
 
 
 def compute(data: dict, cfg, claims: R.Claims) -> dict:
-  ev, steps = data["evals"], data["steps"]
+  ev, acc, steps = data["evals"], data["evals_acc"], data["steps"]
   ph, sigmas = data["posthoc_ema"], data["posthoc_sigma_rels"]
   ema_names = [f"ema_{d:g}" for d in cfg.ema_decays] + ["ema_lag"]
   decays = dict(zip(ema_names, list(cfg.ema_decays) + [cfg.lag_matched_decay]))
@@ -58,6 +58,16 @@ def compute(data: dict, cfg, claims: R.Claims) -> dict:
     tuned_of[(sched, lr)], sbest_of[(sched, lr)] = tuned, s_best
     raw_final = curves["raw"][:, -1]
     final = {k: harness.cell(v[:, -1]) for k, v in curves.items()}
+    # the same policies' final expected next-token accuracy (tuned choices made on the loss)
+    finals_acc = {"raw": acc[idx, -1, 0], "lawa": acc[idx, -1, R.method_index(
+        data, f"lawa_nu{cfg.lawa_main_nu}")], "ema_lag": acc[idx, -1, R.method_index(
+            data, "ema_lag")], "swa": acc[idx, -1, R.method_index(data, "swa")],
+        "swa_late": acc[idx, -1, R.method_index(data, "swa_late")],
+        "ema_tuned": acc[idx, -1, R.method_index(data, tuned)],
+        "posthoc_ema": data["posthoc_ema_acc"][idx, -1, s_best]}
+    if 0.9 in cfg.ema_decays:
+      finals_acc["ema_sanyal"] = acc[idx, -1, R.method_index(data, "ema_0.9")]
+    final_acc = {k: harness.cell(v) for k, v in finals_acc.items()}
     gain = {k: R.gain(raw_final, v[:, -1]) for k, v in curves.items() if k != "raw"}
     reach = {}
     for k in ("lawa", "ema_tuned", "posthoc_ema", "swa"):
@@ -67,7 +77,8 @@ def compute(data: dict, cfg, claims: R.Claims) -> dict:
         continue
       reach[k] = {"mean": float(np.nanmean(r)) if not np.all(np.isnan(r)) else float("nan"),
                   "never": int(np.sum(np.isnan(r))), "per_seed": r}
-    rows.append({"schedule": sched, "lr": lr, "final": final, "gain": gain, "reach": reach,
+    rows.append({"schedule": sched, "lr": lr, "final": final, "final_acc": final_acc,
+                 "gain": gain, "reach": reach,
                  "ema_tuned": tuned, "ema_tuned_decay": decays[tuned], "posthoc_sigma_rel": sigmas[s_best]})
   # Best averaged run vs best raw run across learning rates (constant schedule).
   const = [r for r in rows if r["schedule"] == "constant"]
@@ -128,8 +139,13 @@ def markdown(res: dict) -> str:
                                               ("lawa", "ema_tuned", "posthoc_ema", "swa")]
            for r in res["rows"]]
   ba, br = res["best_averaged"], res["best_raw"]
+  rows_acc = [[R.lr_label(r["schedule"], r["lr"])]
+              + [harness.fmt(r["final_acc"][k], 4) for k, _ in cols] for r in res["rows"]]
   return ("## T3. Final excess loss by method (nats; mean [95% t interval] over seeds)\n\n"
           + R.markdown_table(head, rows)
+          + "\n\nThe same policies' final expected next-token accuracy (the tuned EMA and "
+          "post-hoc width are the ones chosen on the loss):\n\n"
+          + R.markdown_table(head, rows_acc)
           + f"\n\nSteps to reach the raw run's final excess loss (of {t}):\n\n"
           + R.markdown_table(["LR", "tuned EMA decay", "post-hoc sigma_rel", "LAWA",
                               "EMA tuned", "post-hoc EMA", "SWA"], rows2)

@@ -1,14 +1,18 @@
-"""T4: metric-weighted averaging (MWA) vs the uniform average vs the last checkpoint.
+"""T4: metric-weighted averaging (MWA) of the last checkpoints vs their uniform average vs the
+last checkpoint.
 
 Paper: Choi & Yu 2025 (MWA for PEFT checkpoints: weights from training loss or step with one
 penalty p; "loss-weighted merging often yields the best results ... higher than the uniform merge
-and even surpassing the final individual checkpoint"). Here every checkpoint of the run (one
-per eval step) is merged; the loss of a checkpoint is the mean training loss of the steps since
-the previous one (what a run logs); f = loss^-p or step^p (``rlpost.averaging.weights``; p = 0 is
-the uniform average). Claims (pre-declared metric: the excess loss of the merge, against the last
-checkpoint's final excess loss; paired, all from the same runs; family Choi & Yu 2025):
-loss-weighted MWA (p with the lowest mean loss) below the uniform merge at every constant LR, and
-below the last checkpoint at the highest constant LR.
+and even surpassing the final individual checkpoint"). A fine-tuning run's checkpoints all come
+after warm-up, so MWA here merges the last ``mwa_last`` checkpoints (one per eval step: the
+second half of training); merging every checkpoint of a from-scratch run would let any loss
+weighting beat the uniform average by down-weighting the early ones (kept as exploratory
+columns). The loss of a checkpoint is the mean training loss of the steps since the previous one
+(what a run logs); f = loss^-p or step^p (``rlpost.averaging.weights``; p = 0 is the uniform
+average). Claims (pre-declared metric: the final excess loss; pre-declared penalty
+``cfg.mwa_p``; paired, all from the same runs; family Choi & Yu 2025): loss-weighted MWA below
+the uniform average of the same checkpoints at every setting (constant and cosine), and below the
+last checkpoint at the highest constant LR and at every cosine LR.
 """
 
 from __future__ import annotations
@@ -20,43 +24,68 @@ CHOI = "Choi & Yu 2025"
 
 
 def compute(data: dict, cfg, claims: R.Claims) -> dict:
-  ev, mwa = data["evals"], data["mwa"]
-  loss_keys = [k for k in mwa if k.startswith("loss_p") and k != "loss_p0"]
+  ev, acc, mwa, mwa_acc = data["evals"], data["evals_acc"], data["mwa"], data["mwa_acc"]
+  main, uniform = f"last_loss_p{cfg.mwa_p:g}", "last_loss_p0"
+  if main not in mwa:
+    raise ValueError(f"averaging T4: the claims' penalty mwa_p={cfg.mwa_p:g} is not among "
+                     f"mwa_penalties {list(cfg.mwa_penalties)}")
+  explore = [k for k in mwa if k.startswith("last_") and k not in (main, uniform)]
+  explore += [k for k in ("loss_p0", f"loss_p{cfg.mwa_p:g}") if k in mwa]
   rows = []
   for sched, lr in R.settings(data):
     idx = R.run_index(data, sched, lr)
-    cells = {"last": harness.cell(ev[idx, -1, 0]), "uniform": harness.cell(mwa["loss_p0"][idx])}
-    cells.update({k: harness.cell(v[idx]) for k, v in mwa.items() if k != "loss_p0"})
-    cells["lawa"] = harness.cell(ev[idx, -1, R.method_index(data, f"lawa_nu{cfg.lawa_main_nu}")])
-    best = min(loss_keys, key=lambda k: mwa[k][idx].mean())
-    rows.append({"schedule": sched, "lr": lr, "cells": cells, "best_loss_p": best,
-                 "vs_uniform": R.gain(mwa["loss_p0"][idx], mwa[best][idx]),
-                 "vs_last": R.gain(ev[idx, -1, 0], mwa[best][idx])})
-  const = [r for r in rows if r["schedule"] == "constant"]
-  for r in const:
-    idx, lr, best = R.run_index(data, "constant", r["lr"]), r["lr"], r["best_loss_p"]
-    claims.add(f"mwa_loss_beats_uniform_lr{lr:g}",
-               f"{CHOI}: loss-weighted MWA beats the uniform average of the checkpoints "
-               f"(constant LR {lr:g})",
-               {f"MWA {best.replace('_p', ' p=')}, LR {lr:g}": mwa[best][idx],
-                f"uniform, LR {lr:g}": mwa["loss_p0"][idx]}, direction="less", family=CHOI)
-  r = const[-1]
-  idx, lr, best = R.run_index(data, "constant", r["lr"]), r["lr"], r["best_loss_p"]
-  claims.add("mwa_loss_beats_last",
-             f"{CHOI}: loss-weighted MWA can surpass the final checkpoint (highest constant LR, "
-             f"{lr:g})",
-             {f"MWA {best.replace('_p', ' p=')}, LR {lr:g}": mwa[best][idx],
-              f"last checkpoint, LR {lr:g}": ev[idx, -1, 0]}, direction="less", family=CHOI)
-  return {"rows": rows, "weights_run0": data.get("mwa_weights_run0")}
+    cells = {"last": harness.cell(ev[idx, -1, 0]), "uniform": harness.cell(mwa[uniform][idx]),
+             "mwa": harness.cell(mwa[main][idx])}
+    accs = {"last": harness.cell(acc[idx, -1, 0]), "uniform": harness.cell(mwa_acc[uniform][idx]),
+            "mwa": harness.cell(mwa_acc[main][idx])}
+    rows.append({"schedule": sched, "lr": lr, "cells": cells, "accuracy": accs,
+                 "explore": {k: harness.cell(mwa[k][idx]) for k in explore},
+                 "vs_uniform": R.gain(mwa[uniform][idx], mwa[main][idx]),
+                 "vs_last": R.gain(ev[idx, -1, 0], mwa[main][idx])})
+  label = f"MWA loss p={cfg.mwa_p:g}, last {cfg.mwa_last}"
+  for sched, lr in R.settings(data):
+    idx, tag = R.run_index(data, sched, lr), R.lr_label(sched, lr)
+    claims.add(f"mwa_beats_uniform_{sched}_lr{lr:g}",
+               f"{CHOI}: loss-weighted MWA beats the uniform average of the same checkpoints "
+               f"(last {cfg.mwa_last}; LR {tag})",
+               {f"{label}, LR {tag}": mwa[main][idx],
+                f"uniform last {cfg.mwa_last}, LR {tag}": mwa[uniform][idx]},
+               direction="less", family=CHOI)
+  hi = max(lr for sched, lr in R.settings(data) if sched == "constant")
+  for sched, lr in R.settings(data):
+    if sched == "constant" and lr != hi:
+      continue
+    idx, tag = R.run_index(data, sched, lr), R.lr_label(sched, lr)
+    claims.add(f"mwa_beats_last_{sched}_lr{lr:g}",
+               f"{CHOI}: loss-weighted MWA surpasses the final checkpoint (LR {tag})",
+               {f"{label}, LR {tag}": mwa[main][idx],
+                f"last checkpoint, LR {tag}": ev[idx, -1, 0]}, direction="less", family=CHOI)
+  return {"rows": rows, "p": cfg.mwa_p, "last": cfg.mwa_last,
+          "weights_run0": data.get("mwa_weights_run0")}
+
+
+def _label(key: str) -> str:
+  scope = "last" if key.startswith("last_") else "all"
+  kind, p = key.removeprefix("last_").split("_p")
+  return f"{kind} p={p} ({scope})"
 
 
 def markdown(res: dict) -> str:
-  keys = list(res["rows"][0]["cells"])
-  label = {"last": "last checkpoint", "uniform": "uniform (p=0)", "lawa": "LAWA (reference)"}
-  head = (["LR"] + [label.get(k, k.replace("_p", " p=")) for k in keys]
-          + ["best loss p: uniform - MWA", "last - MWA"])
-  rows = [[R.lr_label(r["schedule"], r["lr"])] + [harness.fmt(r["cells"][k]) for k in keys]
-          + [f"{r['best_loss_p']}: {harness.fmt(r['vs_uniform'])}", harness.fmt(r["vs_last"])]
+  first = res["rows"][0]
+  head = (["LR", "last checkpoint", f"uniform (last {res['last']})",
+           f"MWA loss p={res['p']:g} (last {res['last']})", "uniform - MWA", "last - MWA",
+           "accuracy: last", "accuracy: uniform", "accuracy: MWA"])
+  rows = [[R.lr_label(r["schedule"], r["lr"])]
+          + [harness.fmt(r["cells"][k]) for k in ("last", "uniform", "mwa")]
+          + [harness.fmt(r["vs_uniform"]), harness.fmt(r["vs_last"])]
+          + [harness.fmt(r["accuracy"][k], 4) for k in ("last", "uniform", "mwa")]
           for r in res["rows"]]
-  return ("## T4. MWA over all checkpoints: final excess loss (nats; mean [95% t interval]; "
-          "differences: paired by seed)\n\n" + R.markdown_table(head, rows))
+  ex = list(first["explore"])
+  rows2 = [[R.lr_label(r["schedule"], r["lr"])] + [harness.fmt(r["explore"][k]) for k in ex]
+           for r in res["rows"]]
+  return (f"## T4. MWA over the last {res['last']} checkpoints: final excess loss (nats; mean "
+          "[95% t interval]; differences: paired by seed) and expected next-token accuracy\n\n"
+          + R.markdown_table(head, rows)
+          + "\n\nExploratory (no verdicts): other penalties over the last checkpoints, and "
+          "merges of every checkpoint of the run, excess loss:\n\n"
+          + R.markdown_table(["LR"] + [_label(k) for k in ex], rows2))

@@ -36,6 +36,15 @@ def test_reproduce_averaging_quick_then_rejudge(tmp_path):
   assert np.asarray(res["data"]["posthoc_ema"]).shape == (runs, evals.shape[1],
                                                           len(cfg["posthoc_sigma_rels"]))
   assert all(len(v) == runs for v in res["data"]["mwa"].values())
+  # next-token accuracy beside every loss: the same shapes, between 0 and the Bayes ceiling
+  acc = np.asarray(res["data"]["evals_acc"], np.float64)
+  bayes = res["data"]["bayes_accuracy"]
+  assert acc.shape == evals.shape and np.all((acc > 0) & (acc <= bayes + 1e-6))
+  assert np.all(acc[:, -1, 0] > acc[:, 0, 0])  # the runs learn by accuracy too
+  assert np.asarray(res["data"]["posthoc_ema_acc"]).shape == np.asarray(
+      res["data"]["posthoc_ema"]).shape
+  assert set(res["data"]["mwa_acc"]) == set(res["data"]["mwa"])
+  assert {f"last_loss_p{cfg['mwa_p']:g}", "last_loss_p0", "loss_p0"} <= set(res["data"]["mwa"])
   # The runs learn: every raw run ends below its first evaluation.
   assert np.all(evals[:, -1, 0] < evals[:, 0, 0])
   claims = res["summary"]["claims"]
@@ -43,6 +52,9 @@ def test_reproduce_averaging_quick_then_rejudge(tmp_path):
   families = {c["claim"]["family"] for c in claims}
   assert families == {"Kaddour 2022", "Sanyal et al. 2023", "Karras et al. 2024", "Choi & Yu 2025"}
   # averaged vs raw of the same runs is paired; across learning rates it is not
+  ids = {c["claim"]["id"] for c in claims}
+  assert {"lawa_beats_raw_accuracy_lr0.003", "mwa_beats_uniform_constant_lr0.03",
+          "mwa_beats_last_constant_lr0.03"} <= ids
   paired = {c["claim"]["id"]: c["claim"]["paired"] for c in claims}
   assert paired["lawa_beats_swa"] and not paired["gain_grows_with_lr"]
   assert all(c["n"] == [cfg["seeds"]] * 2 for c in claims)
