@@ -10,7 +10,8 @@ kernels), so the trainer's tests cover it.
 
 Evaluation uses the trainer's ``evaluate`` on each seed's parameters with a fixed evaluation key,
 so every arm and seed is scored on the same problems with the same sampling noise (common random
-numbers: paired comparisons between arms are sharper).
+numbers: paired comparisons between arms are sharper). Seeds share their step-0 parameters, so the
+step-0 evaluation runs once per arm.
 
 ``arm_units`` makes each arm a ``harness.Unit`` (one vmapped seed block), which the harness caches
 by the arm's config and seeds, so a rerun of an experiment trains only the missing arms.
@@ -80,7 +81,10 @@ def run_arm(cfg: dict, seeds: list[int], *, eval_kwargs: dict | None = None,
                 for i in range(len(seeds))]
     return {"step": step, "per_seed": per_seed}
 
-  evals = [evaluate(0)]
+  # Every seed starts from the same parameters and the evaluation key is fixed, so step 0 is one
+  # evaluation shared by all seeds.
+  start = trainer.evaluate(unstack(states.params, 0), **eval_kwargs)
+  evals = [{"step": 0, "per_seed": [dict(start) for _ in seeds]}]
   train = {k: [] for k in TRAIN_KEYS}
   steps = cfg["steps"]
   for step in range(1, steps + 1):

@@ -28,6 +28,9 @@ def test_vmapped_seeds_match_single_runs(tmp_path):
   rows = tr.cfg.num_prompts * tr.cfg.group_size
   states = rl_seeds.stack_states(tr, [0, 1])
   start = tr.init_state().params
+  # Seeds differ only in their key: run_arm's one shared step-0 evaluation relies on it.
+  jax.tree.map(lambda x: np.testing.assert_array_equal(x[0], x[1]), states.params)
+  assert not np.array_equal(states.key[0], states.key[1])
   step = rl_seeds.vmapped_step(tr, states)
   vmapped = []
   for _ in range(2):
