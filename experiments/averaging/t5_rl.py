@@ -1,17 +1,21 @@
 """T5: weight averaging applied to RL (GRPO) checkpoints: pass@1 level and step-to-step volatility.
 
 Command:  python scripts/reproduce.py averaging_rl [--quick] [--seeds N] [--out DIR] [--rejudge]
-Hardware: CPU (2 cores). Each seed (one ``harness.Unit``, cached by its config) trains GRPO on
-1-4 digit addition from the shared cached SFT policy (``experiments/grpo_arithmetic.py``'s setup)
-for 300 steps with ``rlpost.train.loop.run`` (in a temporary run directory), evaluating every 25
-steps the raw policy and, beside it, LAWA (k = 5 snapshots every 10 steps) and an EMA (decay 0.95
-per step) carried in the run loop (``RLConfig.averaging``). Each evaluation: 200 test problems x 8
-samples, the same problems and evaluation key for every seed and policy.
+Hardware: CPU (2 cores). Each seed (one ``harness.Unit``, cached by its config) trains GRPO at
+G = 8 on the calibrated testbed (``experiments/calibrate.py``: 2-3 digit addition from its cached
+SFT policy, 64 prompts per step, lr 1e-4, no KL, where plain GRPO demonstrably learns) for 100
+steps with ``rlpost.train.loop.run`` (in a temporary run directory), evaluating every 10 steps
+the raw policy and, beside it, LAWA (k = 5 snapshots every 10 steps) and an EMA (decay 0.95 per
+step) carried in the run loop (``RLConfig.averaging``). Each evaluation: 200 test problems x 8
+samples, the same problems and evaluation key for every seed and policy. Seeds: 9 from power
+(pilot SD 0.007, the previous 3-seed table's; minimum effect 0.01).
 
 Metrics per seed and policy: pass@1 at the last step, mean pass@1 over the second half of the
 evaluations, and volatility = the standard deviation of the change in pass@1 between successive
-evaluations. Pre-declared claims (one Holm family): each average vs the raw policy of the same run
-(``paired=True``) on the second-half mean pass@1 (higher) and on the volatility (lower).
+evaluations. Gate: the raw run's 2nd-half mean pass@1 above its step-0 (SFT) pass@1, paired by
+seed; the averaging claims count only if it is reproduced. Pre-declared claims (one Holm family):
+each average vs the raw policy of the same run (``paired=True``) on the second-half mean pass@1
+(higher) and on the volatility (lower).
 
 Outputs in ``--out`` (default ``results/averaging_rl``): ``table.md``, ``results.json`` (every
 per-seed evaluation point of every policy, so ``--rejudge`` and the plot need nothing else),
@@ -19,22 +23,22 @@ per-seed evaluation point of every policy, so ``--rejudge`` and the plot need no
 
 Results on this CPU (generated from results/averaging_rl/table.md; do not edit by hand):
 
-`python scripts/reproduce.py averaging_rl`: 3 seeds; GRPO for 300 steps, evaluated every 25 steps on 200 test problems x 8 samples; averages `lawa:k=5,every=10,as=lawa;ema:decay=0.95,as=ema`; 9.6 min on a machine not recorded. Cells: mean [95% t interval over seeds].
+`python scripts/reproduce.py averaging_rl`: 9 seeds (9 from power: pilot SD 0.007, minimum effect 0.01, 80% power, alpha 0.05; floor 8); GRPO (G = 8) for 100 steps on band 2-3 digit addition, 0/1 reward, 64 prompts per step, lr 0.0001, evaluated every 10 steps on 200 test problems x 8 samples; averages `lawa:k=5,every=10,as=lawa;ema:decay=0.95,as=ema`; 8.2 min on x86_64, 2 CPU cores, jax 0.10.2 on cpu. Minimum detectable effect of the claims: 0.00244-0.00366. Cells: mean [95% t interval over seeds].
 
 ## Paper claims
 
-Pre-declared metrics: the mean pass@1 over the second half of the evaluations and the volatility, per seed; averaged - raw of the same run, paired by seed; 3 seeds; one Holm family. Intervals exclude problem-sampling error: every seed and policy is evaluated on the same fixed test problems with the same evaluation key.
+Pre-declared metrics: the mean pass@1 over the second half of the evaluations and the volatility, per seed; averaged - raw of the same run, paired by seed; 9 seeds; one Holm family. Intervals exclude problem-sampling error: every seed and policy is evaluated on the same fixed test problems with the same evaluation key.
 
 | claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
 | --- | --- | --- | --- | --- | --- | --- |
-| averaging RL checkpoints (lawa) raises the pass@1 level (2nd-half mean) | lawa: +0.020 [+0.003, +0.037] | 0.0191 (0.0645) | 0.125 | 3 vs 3 | 0.015 | inconclusive |
-| averaging RL checkpoints (lawa) damps step-to-step volatility | lawa: -0.008 [-0.020, +0.004] | 0.0484 (0.0645) | 0.125 | 3 vs 3 | 0.010 | inconclusive |
-| averaging RL checkpoints (ema) raises the pass@1 level (2nd-half mean) | ema: +0.019 [+0.004, +0.035] | 0.0161 (0.0645) | 0.125 | 3 vs 3 | 0.013 | inconclusive |
-| averaging RL checkpoints (ema) damps step-to-step volatility | ema: -0.009 [-0.017, -0.001] | 0.0217 (0.0645) | 0.125 | 3 vs 3 | 0.007 | inconclusive |
+| averaging RL checkpoints (lawa) raises the pass@1 level (2nd-half mean) | lawa: +0.002 [-0.001, +0.004] | 0.0937 (0.0937) | 0.0938 | 9 vs 9 | 0.004 | inconclusive |
+| averaging RL checkpoints (lawa) damps step-to-step volatility | lawa: -0.004 [-0.007, -0.002] | 0.00138 (0.00552) | 0.00195 | 9 vs 9 | 0.003 | reproduced |
+| averaging RL checkpoints (ema) raises the pass@1 level (2nd-half mean) | ema: +0.003 [+0.001, +0.005] | 0.00211 (0.00633) | 0.00391 | 9 vs 9 | 0.002 | reproduced |
+| averaging RL checkpoints (ema) damps step-to-step volatility | ema: -0.004 [-0.007, -0.001] | 0.00441 (0.00882) | 0.00586 | 9 vs 9 | 0.004 | reproduced |
 
-Statistics: paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 3 seeds per arm; pooled seed SD up to 0.007; minimum detectable effect (80% power) 0.00728-0.0152.
+Statistics: paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 9 seeds per arm; pooled seed SD up to 0.00368; minimum detectable effect (80% power) 0.00244-0.00366.
 
-Rules (``experiments/harness.py``): a claim is reproduced when the Holm-adjusted one-sided paired t test gives p <= 0.05 and the 95% paired t interval of averaged - raw lies on the claimed side of 0, not reproduced when it lies on the other side, inconclusive otherwise; the exact sign-flip permutation p (not adjusted; at 3 seeds its smallest value is 1/8) is reported beside it.
+Rules (``experiments/harness.py``): a claim is reproduced when the Holm-adjusted one-sided paired t test gives p <= 0.05 and the 95% paired t interval of averaged - raw lies on the claimed side of 0, not reproduced when it lies on the other side, inconclusive otherwise; the exact sign-flip permutation p (not adjusted; at 9 seeds its smallest value is 1/512) is reported beside it.
 
 (end of generated results)
 """
@@ -57,11 +61,24 @@ FAMILY = "averaging RL checkpoints"
 README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
 
 
-def rl_config(quick: bool) -> dict:
-  from experiments.grpo_arithmetic import CONFIG
+# Seeds from power: the committed 3-seed table's largest pooled seed SD of its claims (0.007) at
+# the minimum effect 0.01 pass@1, floor 8.
+PILOT_SD, MIN_EFFECT, MIN_SEEDS = 0.007, 0.01, 8
 
-  cfg = dict(CONFIG, steps=300, eval_every=25, eval_problems=200, eval_samples=8,
-             checkpoint_every=25, averaging=AVERAGING)
+
+def seeds_from_power() -> int:
+  from rlpost.eval import stats
+
+  return max(MIN_SEEDS, stats.seeds_needed(PILOT_SD, MIN_EFFECT))
+
+
+def rl_config(quick: bool) -> dict:
+  """The calibrated GRPO testbed (``experiments/calibrate.py``: 2-3 digit addition from its SFT
+  start, 64 prompts per step, lr 1e-4, no KL, 100 steps) at G = 8, evaluated every 10 steps."""
+  from experiments import calibrate
+
+  cfg = dict(calibrate.testbed_config(), group_size=8, eval_every=10, eval_problems=200,
+             eval_samples=8, checkpoint_every=50, averaging=AVERAGING)
   if quick:
     cfg.update(num_train=200, num_test=40, sft_steps=10, sft_batch_size=32, num_prompts=4,
                group_size=4, steps=6, eval_every=2, checkpoint_every=2, eval_problems=8,
@@ -72,7 +89,8 @@ def rl_config(quick: bool) -> dict:
 
 
 def get_config(quick: bool) -> dict:
-  return {"seeds": 2 if quick else 3, "rl": rl_config(quick)}
+  return {"seeds": 2 if quick else seeds_from_power(), "rl": rl_config(quick),
+          "pilot_sd": PILOT_SD, "min_effect": MIN_EFFECT, "min_seeds": MIN_SEEDS}
 
 
 def curves(evals: list[dict]) -> dict:
@@ -92,7 +110,8 @@ def run_seed(cfg: dict, progress) -> dict:
   with tempfile.TemporaryDirectory(prefix="averaging_rl_") as run_dir:
     res = loop.run(trainer, run_dir, progress=False)
   progress(cfg["steps"])
-  return {"seed": cfg["seed"], "curves": curves(res["evals"])}
+  start = next(e["pass@1"] for e in res["evals"] if e["step"] == 0)
+  return {"seed": cfg["seed"], "curves": curves(res["evals"]), "start": float(start)}
 
 
 def units(config: dict) -> dict:
@@ -105,7 +124,8 @@ def units(config: dict) -> dict:
 
 
 def collect(config: dict, results: dict) -> dict:
-  return {"per_seed": [{"seed": r["seed"], "curves": r["curves"]} for r in results.values()]}
+  return {"per_seed": [{"seed": r["seed"], "curves": r["curves"], "start": r["start"]}
+                       for r in results.values()]}
 
 
 def seed_metrics(curve) -> dict:
@@ -127,27 +147,65 @@ def claims() -> list[harness.Claim]:
   return out
 
 
+GATE = harness.Claim("raw_learns", "the base run learns: raw 2nd-half mean pass@1 above the SFT "
+                     "start", "second_half_mean", ("raw", "sft"), "greater", family="gate",
+                     paired=True)
+
+
 def summarize(report: dict) -> dict:
+  """Cells and verdicts. The averaging claims count only when the gate (the raw run learns) is
+  reproduced; otherwise they are reported as inconclusive."""
   per_seed = sorted(report["data"]["per_seed"], key=lambda s: s["seed"])
   values = {m: {pol: [seed_metrics(s["curves"][pol])[m] for s in per_seed] for pol in POLICIES}
             for m in METRICS}
   cells = {pol: {m: harness.cell(values[m][pol]) for m in METRICS} for pol in POLICIES}
+  gate = []
+  if len(per_seed) >= 2:
+    sft = [s["start"] for s in per_seed]
+    gate = harness.judge_family([GATE], {"second_half_mean": dict(values["second_half_mean"],
+                                                                  sft=sft)})
+    cells["sft"] = {"second_half_mean": harness.cell(sft)}
   judged = harness.judge_family(claims(), values) if len(per_seed) >= 2 else []
-  return {"values": values, "cells": cells, "claims": [v.to_json() for v in judged],
-          "verdicts": {v.claim.id: v.verdict for v in judged}}
+  passed = bool(gate) and gate[0].verdict == "reproduced"
+  verdicts = {v.claim.id: v.verdict if passed else "inconclusive" for v in judged}
+  out = [dict(v.to_json(), verdict=verdicts[v.claim.id]) for v in judged]
+  return {"values": values, "cells": cells, "claims": out, "verdicts": verdicts,
+          "gate": [v.to_json() for v in gate], "gate_passed": passed}
 
 
 def render(report: dict) -> str:
   s, cfg = report["summary"], report["config"]["rl"]
   n = len(report["data"]["per_seed"])
   judged = s["claims"]
+  conf = report["config"]
+  power = ""
+  if conf.get("pilot_sd") is not None:
+    from rlpost.eval import stats
+
+    need = max(conf["min_seeds"], stats.seeds_needed(conf["pilot_sd"], conf["min_effect"]))
+    power = (f" ({need} from power: pilot SD {conf['pilot_sd']}, minimum effect "
+             f"{conf['min_effect']}, 80% power, alpha 0.05; floor {conf['min_seeds']})")
+  from experiments import calibrate
+
+  mdes = [v["mde"] for v in judged]
   lines = ["# T5: averaging GRPO checkpoints", "",
-           f"`{report['command']}`: {n} seeds; GRPO for {cfg['steps']} steps, evaluated every "
+           f"`{report['command']}`: {n} seeds{power}; GRPO (G = {cfg['group_size']}) for "
+           f"{cfg['steps']} steps on {calibrate.describe(cfg)}, evaluated every "
            f"{cfg['eval_every']} steps on {cfg['eval_problems']} test problems x "
            f"{cfg['eval_samples']} samples; averages `{cfg['averaging']}`; "
-           f"{report['seconds'] / 60:.1f} min on {R.machine_text(report.get('machine'))}. Cells: "
-           "mean [95% t interval over seeds].", "",
-           "## Paper claims", "",
+           f"{report['seconds'] / 60:.1f} min on {R.machine_text(report.get('machine'))}."
+           + (f" Minimum detectable effect of the claims: {min(mdes):.3g}-{max(mdes):.3g}."
+              if mdes else "") + " Cells: mean [95% t interval over seeds].", ""]
+  if s.get("gate"):
+    g = s["gate"][0]
+    lines += ["## Gate: the base run learns", "",
+              f"Raw GRPO's 2nd-half mean pass@1 against its SFT start "
+              f"({harness.fmt(s['cells']['sft']['second_half_mean'])}), paired by seed: "
+              f"{g['diff']:+.3f} [{g['lo']:+.3f}, {g['hi']:+.3f}], p {g['p']:.3g}: "
+              f"**{g['verdict']}**." + ("" if s["gate_passed"] else
+                                        " The base did not learn, so every averaging claim "
+                                        "below is inconclusive."), ""]
+  lines += ["## Paper claims", "",
            f"Pre-declared metrics: the mean pass@1 over the second half of the evaluations and the "
            f"volatility, per seed; averaged - raw of the same run, paired by seed; {n} seeds; one "
            "Holm family. Intervals exclude problem-sampling error: every seed and policy is "

@@ -45,12 +45,12 @@ seed; the equal-treatment arms in the CPU arms' places, ``FULL_ARMS``) with this
 
 Outputs in ``--out`` (default ``results/dars``): ``table.md``, ``results.json``, ``passk.png``,
 ``cumulative_advantage.png``; finished arms are cached under ``cache/``. The block below is
-generated from ``results/dars/table.md`` (this design's first run; the wall time, 62.8 min,
-included about 15 minutes with other jobs on the 2 cores).
+generated from ``results/dars/table.md`` (this design's rerun from an empty cache: the same
+numbers as its first run, whose 62.8 min included about 15 minutes of other jobs on the cores).
 
 Results on this CPU (generated from results/dars/table.md; do not edit by hand):
 
-`python scripts/reproduce.py dars`: 8 seeds per arm (8 from power: pilot SD 0.0075, minimum effect 0.02, 80% power, alpha 0.05; floor 8), 100 RL steps (breadth arms: 25 steps of 4x the prompts), band 2-3 digit addition, 0/1 reward, 64 prompts per step, lr 0.0001, DARS objective. Primary metrics: test pass@64 and pass@1 (200 problems x 64 samples), the mean of each seed's last 3 evaluations. Minimum detectable effect of the claims: 0.004-0.025. Wall time: 62.8 min of training and evaluation over all arms on this machine (this invocation 56.9 min; cached arms are not rerun). Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key). SFT start: pass@1 0.148, pass@4 0.389, pass@16 0.676, pass@64 0.840, pass@1 (3-digit) 0.096, pass@4 (3-digit) 0.284, pass@16 (3-digit) 0.541, pass@64 (3-digit) 0.731.
+`python scripts/reproduce.py dars`: 8 seeds per arm (8 from power: pilot SD 0.0075, minimum effect 0.02, 80% power, alpha 0.05; floor 8), 100 RL steps (breadth arms: 25 steps of 4x the prompts), band 2-3 digit addition, 0/1 reward, 64 prompts per step, lr 0.0001, DARS objective. Primary metrics: test pass@64 and pass@1 (200 problems x 64 samples), the mean of each seed's last 3 evaluations. Minimum detectable effect of the claims: 0.004-0.025. Wall time: 55.0 min of training and evaluation over all arms on this machine (this invocation 55.0 min; cached arms are not rerun). Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key). SFT start: pass@1 0.148, pass@4 0.389, pass@16 0.676, pass@64 0.840, pass@1 (3-digit) 0.096, pass@4 (3-digit) 0.284, pass@16 (3-digit) 0.541, pass@64 (3-digit) 0.731.
 
 ## Paper claims
 

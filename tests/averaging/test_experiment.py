@@ -85,8 +85,13 @@ def test_reproduce_averaging_rl_quick_then_rejudge(tmp_path):
   for s in per_seed:  # every evaluation point of every policy, step 0 excluded
     for pol in t5_rl.POLICIES:
       assert s["curves"][pol][0] == list(range(every, steps + 1, every)), pol
+  assert all(0.0 <= s["start"] <= 1.0 for s in per_seed)  # the SFT start of the gate
+  gate = res["summary"]["gate"]
+  assert [g["claim"]["id"] for g in gate] == ["raw_learns"] and gate[0]["claim"]["paired"]
   claims = res["summary"]["claims"]
   assert len(claims) == 4 and {c["verdict"] for c in claims} <= VERDICTS
+  if not res["summary"]["gate_passed"]:  # a base that did not learn decides nothing
+    assert {c["verdict"] for c in claims} == {"inconclusive"}
   assert all(c["claim"]["paired"] for c in claims)
   table = (out / "table.md").read_text()
   assert "## Paper claims" in table and os.path.getsize(out / "pass1_curves.png") > 0
