@@ -139,7 +139,29 @@ def test_config_round_trips_through_plain_data():
     cfg = cfg_lib.ExperimentConfig.from_dict(json.loads(json.dumps(config)))
     assert cfg == (cfg_lib.quick_config() if quick else cfg_lib.full_config())
   units = exp.units(dict(cfg_lib.get_config(False), seeds=2))
-  assert len(units) == 2 * (4 + 1 + 1) and "kdv1d-under-s1" in units
+  assert len(units) == 2 * (4 + 1) and "kdv1d-under-s1" in units
+  # The full run: kdv1d (deciding) at the seeds from power, ks1d (stress) capped at 3, no ns2d.
+  full = cfg_lib.full_config()
+  assert full.seeds == cfg_lib.seeds_from_power() >= 8
+  assert [p.name for p in full.plans] == ["kdv1d", "ks1d"]
+  units = exp.units(dict(cfg_lib.get_config(False), seeds=5))
+  assert len(units) == 5 * 4 + 3 and "ks1d-bidir-s2" in units and "ks1d-bidir-s3" not in units
+  assert full.plan("ks1d").num_seeds(2) == 2 and full.plan("kdv1d").num_seeds(12) == 12
+
+
+def test_kdv_plan_rolls_out_16_start_times(tmp_path):
+  """The full kdv1d plan: 16 start times per test trajectory (frames 0-15), OOD rollouts from
+  every fourth; the unit spec carries the system's fingerprint, so new data retrains."""
+  from rlpost.dynamics import systems
+
+  plan = cfg_lib.full_config().plan("kdv1d")
+  traj = np.zeros((3, 40, 4, 1), np.float32)
+  got = U.unit_data(plan, {"train": traj, "test": traj, "ood": traj})
+  np.testing.assert_array_equal(got["starts"], np.arange(16))
+  np.testing.assert_array_equal(got["ood_starts"], [0, 4, 8, 12])
+  assert got["test"].shape == (3 * 16, 17, 4, 1) and got["ood"].shape == (3 * 4, 17, 4, 1)
+  spec = plan.unit_spec("bidir", 0, 0)
+  assert spec["fingerprint"] == systems.get_system("kdv1d").fingerprint()
 
 
 def test_windows_and_start_times():
@@ -212,3 +234,32 @@ def test_metrics_reduce_per_seed():
   assert CL.METRICS["gain_fwd"](s) is None  # no specialists: the part is not judged
   vals = CL.per_seed_values([s, dict(s, ranking=dict(s["ranking"], skill=None))])
   assert vals["skill"] == [0.9] and "gain_fwd" not in vals
+
+
+def test_every_ranking_rule_has_an_oracle_check():
+  """Each selective-prediction and OOD rule is also judged with the true error as the score (the
+  sanity family), at the claim's own threshold: a rule the oracle fails tests nothing."""
+  parts = {c.id: c.parts for c in CL.CLAIMS}
+  checked = [cid for cid, _ in CL.ATTAINABLE]
+  assert set(checked) == {"selective_cut", "selective_per_depth", "selective_pooled_beats_depth",
+                          "ood_auroc"}
+  oracle = dict(zip(checked, [p for _, p in CL.ATTAINABLE]))
+  assert oracle["selective_cut"].center == parts["selective_cut"][0].center == CL.SELECTIVE_CUT
+  assert CL.SELECTIVE_CUT == 0.15  # the paper's cut
+  assert ([p.center for cid, p in CL.ATTAINABLE if cid == "ood_auroc"]
+          == [p.center for p in parts["ood_auroc"]])
+  rng = np.random.default_rng(1)
+  seeds = []
+  for i in range(6):
+    s = _seed(0.9, [0.9, 0.9])
+    cut = 0.11 + 0.01 * rng.standard_normal()  # the oracle cuts ~11%: below the paper's 15%
+    s["selective"] = {"by_depth": {"oracle": [cut, cut + 0.02]},
+                      "pooled": {"oracle": 0.5 + 0.01 * i, "depth": 0.4}}
+    s["ood"].update(E=[0.99, 0.995 + 0.001 * i], E_depth_mean=0.99 + 0.001 * i)
+    seeds.append(s)
+  out = CL.judge({"a": seeds}, {"a": "fair"})
+  sanity = {v["claim"]["id"]: v["verdict"] for v in out["verdicts"]["sanity@a"]}
+  assert sanity == {"selective_cut.oracle0@a": CL.NOT,
+                    "selective_per_depth.oracle1@a": CL.REPRODUCED,
+                    "selective_pooled_beats_depth.oracle2@a": CL.REPRODUCED,
+                    "ood_auroc.oracle3@a": CL.REPRODUCED, "ood_auroc.oracle4@a": CL.REPRODUCED}

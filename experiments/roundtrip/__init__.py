@@ -103,7 +103,7 @@ def units(config: dict) -> dict[str, harness.Unit]:
   cfg = cfg_lib.ExperimentConfig.from_dict(config)
   out = {}
   for plan in cfg.plans:
-    for seed in range(cfg.seeds):
+    for seed in range(plan.num_seeds(cfg.seeds)):
       for kind in plan.kinds():
         steps = plan.train_config(kind).num_steps
 
@@ -130,7 +130,7 @@ def collect(config: dict, results: dict) -> dict:
   systems = {}
   for plan in cfg.plans:
     per_seed, metas = [], []
-    for seed in range(cfg.seeds):
+    for seed in range(plan.num_seeds(cfg.seeds)):
       got = {kind: results[f"{plan.name}-{kind}-s{seed}"] for kind in plan.kinds()}
       metas += [{k: v for k, v in r.items() if not hasattr(v, "shape")} for r in got.values()]
       win = got["bidir"]["windows"]
