@@ -56,9 +56,10 @@ def test_quick_run_and_rejudge(quick_run, tmp_path):
   for s in per_seed:
     assert [d["depth"] for d in s["per_depth"]] == cfg["depths"]
     for d in s["per_depth"]:
-      assert len(d["optimised"]) == len(cfg["steps"])
+      assert np.shape(d["optimised"]) == (len(cfg["lrs"]), len(cfg["steps"]))
       assert np.all(np.isfinite(d["optimised"])) and d["backward"] > 0
-      assert d["optimised"][-1] != d["persistence"]  # the optimisation moved x off x_d
+      for per_lr in d["optimised"]:
+        assert per_lr[-1] != d["persistence"]  # the optimisation moved x off x_d
   (claim,) = res["summary"]["claims"]
   assert claim["claim"]["id"] == "inverse_fast" and claim["verdict"] in VERDICTS
   assert claim["n"][0] == 2
@@ -70,10 +71,12 @@ def test_quick_run_and_rejudge(quick_run, tmp_path):
   assert (tmp_path / "table.md").read_text() == table
 
 
-def test_metrics_take_the_worst_depth():
+def test_metrics_take_the_best_learning_rate_and_the_worst_depth():
   config = {"steps": [1, 30], "budget": 30}
-  s = {"per_depth": [{"backward": 0.01, "optimised": [0.5, 0.1], "t_step": 0.2, "t_backward": 0.01},
-                     {"backward": 0.1, "optimised": [0.6, 0.2], "t_step": 0.4, "t_backward": 0.02}]}
+  s = {"per_depth": [  # two learning rates per depth: [error after 1 step, after 30]
+      {"backward": 0.01, "optimised": [[0.5, 0.3], [0.4, 0.1]], "t_step": 0.2, "t_backward": 0.01},
+      {"backward": 0.1, "optimised": [[0.6, 0.2], [0.5, 0.4]], "t_step": 0.4, "t_backward": 0.02}]}
   m = inv.seed_metrics(config, s)
+  assert m["best_lr"] == [1, 0] and m["best"] == [[0.4, 0.1], [0.6, 0.2]]
   assert m["log_ratio_worst"] == pytest.approx(np.log(2.0))  # depth 2: 0.2 / 0.1
   assert m["wall_ratio"] == pytest.approx([600.0, 600.0])
