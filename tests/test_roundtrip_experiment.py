@@ -111,7 +111,9 @@ def test_committed_results_rejudge_to_the_committed_table(tmp_path):
   harness.rejudge(exp.EXPERIMENT, str(tmp_path))
   assert (tmp_path / "table.md").read_text() == _read(os.path.join(committed, "table.md"))
   res = json.loads((tmp_path / "results.json").read_text())
-  assert res["config"]["seeds"] == 3 and res["summary"]["deciding"] == ["kdv1d"]
+  assert res["config"]["seeds"] == 10 and res["summary"]["deciding"] == ["kdv1d"]
+  counts = {n: len(s["per_seed"]) for n, s in res["data"]["systems"].items()}
+  assert counts == {"kdv1d": 10, "ks1d": 3}  # the design: kdv1d from power, ks1d capped, no ns2d
   assert docsync.results_block("roundtrip") in exp.__doc__
   assert docsync.readme_section("roundtrip") in _read(README)
 
@@ -263,3 +265,25 @@ def test_every_ranking_rule_has_an_oracle_check():
                     "selective_per_depth.oracle1@a": CL.REPRODUCED,
                     "selective_pooled_beats_depth.oracle2@a": CL.REPRODUCED,
                     "ood_auroc.oracle3@a": CL.REPRODUCED, "ood_auroc.oracle4@a": CL.REPRODUCED}
+
+
+def test_header_with_seeds_from_power_and_a_capped_system(quick_run, tmp_path):
+  """The full run's shape: the deciding system at the seeds from power, the stress test capped;
+  the header attaches the power note to the former and lists the failed oracle checks."""
+  res = json.loads((quick_run / "results.json").read_text())
+  systems = res["data"]["systems"]
+  kdv = systems["kdv1d"]["per_seed"]
+  systems["kdv1d"]["per_seed"] = kdv + [kdv[0]]  # a third kdv1d seed
+  res["config"].update(seeds=3, pilot_sd=0.145, min_effect=0.2, min_seeds=3)
+  (tmp_path / "results.json").write_text(json.dumps(res))
+  harness.rejudge(exp.EXPERIMENT, str(tmp_path))
+  table = (tmp_path / "table.md").read_text()
+  power = ("(10 from power: pilot SD 0.145, minimum effect 0.2, 80% power at alpha 0.05 by the "
+           "two-sided two-sample formula; floor 3)")
+  assert f"seeds: kdv1d 3 {power}, ns2d 2 (capped), ks1d 2 (capped: it decides nothing)" in table
+  out = json.loads((tmp_path / "results.json").read_text())
+  failed = [c for c in out["summary"]["claims"] if c["oracle_fails"]]
+  assert all(c["id"] in {"selective_cut", "selective_per_depth", "selective_pooled_beats_depth"}
+             for c in failed)
+  if failed:
+    assert "Oracle check not passed" in table

@@ -80,3 +80,17 @@ def test_metrics_take_the_best_learning_rate_and_the_worst_depth():
   assert m["best_lr"] == [1, 0] and m["best"] == [[0.4, 0.1], [0.6, 0.2]]
   assert m["log_ratio_worst"] == pytest.approx(np.log(2.0))  # depth 2: 0.2 / 0.1
   assert m["wall_ratio"] == pytest.approx([600.0, 600.0])
+
+
+def test_committed_results_rejudge_to_the_committed_table(tmp_path):
+  """results/roundtrip_inverse's per-seed numbers re-judge to its committed table."""
+  from experiments import harness
+
+  committed = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "results", "roundtrip_inverse")
+  shutil.copy(os.path.join(committed, "results.json"), tmp_path / "results.json")
+  harness.rejudge(inv.EXPERIMENT, str(tmp_path))
+  with open(os.path.join(committed, "table.md")) as f:
+    assert (tmp_path / "table.md").read_text() == f.read()
+  res = json.loads((tmp_path / "results.json").read_text())
+  assert res["config"]["seeds"] == len(res["data"]["per_seed"]) == inv.MIN_SEEDS

@@ -16,8 +16,9 @@ test per part in the Holm family.
 
 Families (Holm-adjusted together):
 
-* ``paper``: every part of every paper claim on the deciding systems, the fair tests (kdv1d,
-  ns2d: reversible or near-conservative) whose model passes the skill gate. The overall verdict
+* ``paper``: every part of every paper claim on the deciding systems, the fair tests (kdv1d and,
+  when a plan includes it, ns2d: reversible or near-conservative) whose model passes the skill
+  gate. The overall verdict
   of a claim is the deciding systems' verdict when they agree, inconclusive otherwise or when
   none decides.
 * ``controls``: weaker forms of the claims and controls (not claims of the paper) on the
@@ -29,7 +30,10 @@ Families (Holm-adjusted together):
   above ``SKILL_GATE`` (one-sample t), one test per system: whether a model predicts its own
   errors says little about the paper when it is no better than predicting no change.
 * ``sanity@<system>``: that an oracle ranking (by the true error) meets each selective-prediction
-  rule: a rule an oracle cannot meet is no test of C_i (statistics.md, point 6).
+  rule: a rule an oracle cannot meet is no test of C_i (statistics.md, point 6). The OOD rules get
+  a reference check instead, the true error E_i as the OOD score: how visible the shift is in the
+  error itself. It bounds nothing (C_i may detect the shift better than E_i), so a failed
+  reference does not void an OOD verdict; a failed oracle check is listed under the verdicts.
 
 Thresholds sit somewhat below the paper's numbers (a CPU-scale model is not the paper's model);
 each part states its own. ``DROPPED`` lists the paper claims left out of the verdicts, and why.
@@ -214,8 +218,10 @@ GATE = Part("skill", "greater", SKILL_GATE,
             f"skill 1 - E_1 / E_1(x_1 := x_0) above {SKILL_GATE}")
 
 # Rules that even an oracle ranking (by the true error) must meet for the rule to test C_i: each
-# ranking rule of CLAIMS with the true error E_i as the score (Spearman, calibration and NLL
-# rules an oracle meets by construction).
+# selective-prediction rule of CLAIMS with the true error E_i as the score (Spearman, calibration
+# and NLL rules an oracle meets by construction). The OOD rules' rows score OOD by E_i: a
+# reference for how visible the shift is in the error, not a bound on C_i's AUROC
+# (``REFERENCE_ONLY``).
 ATTAINABLE = (
     ("selective_cut", Part("cut_oracle_depth_mean", "greater", SELECTIVE_CUT,
                            f"oracle ranking: depth mean of the per-depth cut above "
@@ -227,11 +233,13 @@ ATTAINABLE = (
                                           "oracle ranking: pooled cut - depth-only "
                                           "calibrator's above 0")),
     ("ood_auroc", Part("auroc_E_depth_mean", "greater", 0.90,
-                       "oracle score (the true error E_i): depth-mean OOD AUROC above 0.90")),
+                       "reference score (the true error E_i, not a bound): depth-mean OOD AUROC "
+                       "above 0.90")),
     ("ood_auroc", Part("auroc_E_deepest", "greater", 0.95,
-                       "oracle score (the true error E_i): OOD AUROC at the deepest depth "
-                       "above 0.95")),
+                       "reference score (the true error E_i, not a bound): OOD AUROC at the "
+                       "deepest depth above 0.95")),
 )
+REFERENCE_ONLY = {"ood_auroc"}
 
 DROPPED = (
     {"id": "selective_vs_depth", "paper": "the cut is three times the depth-only baseline's",
@@ -318,15 +326,21 @@ def judge(per_seed: Mapping[str, list[dict]], roles: Mapping[str, str]) -> dict:
   judged = harness.judge_family(claims, by_metric)
   verdicts: dict[str, list[dict]] = {}
   parts: dict[tuple[str, str], list[str]] = {}
+  oracle_fails: dict[str, list[str]] = {}
   for v in judged:
     verdicts.setdefault(v.claim.family, []).append(v.to_json())
     if v.claim.id in origin:
       parts.setdefault(origin[v.claim.id], []).append(v.verdict)
+    cid = v.claim.id.split(".oracle")[0]
+    if (v.claim.family.startswith("sanity@") and cid not in REFERENCE_ONLY
+        and v.verdict != REPRODUCED):
+      oracle_fails.setdefault(cid, []).append(v.claim.arms[0])
   table = []
   for pc in CLAIMS:
     systems = {s: every(parts[(pc.id, s)]) for s in per_seed if (pc.id, s) in parts}
     votes = [systems[s] for s in deciding if s in systems]
     table.append({"id": pc.id, "paper": pc.paper, "control": pc.control, "systems": systems,
+                  "oracle_fails": oracle_fails.get(pc.id, []),
                   "verdict": overall(votes) if votes else INCONCLUSIVE,
                   "deciding_systems": [s for s in deciding if s in systems],
                   "rules": [p.rule for p in pc.parts]})
