@@ -358,6 +358,15 @@ def wall_time(report: Mapping) -> str:
           "arms are not rerun).")
 
 
+def machine_text(machine: Mapping | None) -> str:
+  """'x86_64, 2 CPU cores, jax 0.10.2 on cpu' from a results.json ``machine`` record."""
+  if not machine or machine.get("recorded") is False:
+    return "a machine not recorded"
+  jax_version = machine.get("versions", {}).get("jax", "?")
+  return (f"{machine.get('processor', '?')}, {machine.get('cpus', '?')} CPU cores, jax "
+          f"{jax_version} on {machine.get('platform', '?')}")
+
+
 def minutes(seconds: float | None) -> str:
   return "-" if seconds is None or not math.isfinite(seconds) else f"{seconds / 60:.1f}"
 

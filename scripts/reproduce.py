@@ -34,6 +34,7 @@ EXPERIMENTS = {
     "averaging": "experiments.averaging",
     "averaging_rl": "experiments.averaging.t5_rl",
     "roundtrip": "experiments.roundtrip",
+    "roundtrip_inverse": "experiments.roundtrip.inverse",
     "mc_grpo": "experiments.mc_grpo",
     "ace": "experiments.ace",
     "dars": "experiments.dars",

@@ -111,7 +111,9 @@ def test_committed_results_rejudge_to_the_committed_table(tmp_path):
   harness.rejudge(exp.EXPERIMENT, str(tmp_path))
   assert (tmp_path / "table.md").read_text() == _read(os.path.join(committed, "table.md"))
   res = json.loads((tmp_path / "results.json").read_text())
-  assert res["config"]["seeds"] == 3 and res["summary"]["deciding"] == ["kdv1d"]
+  assert res["config"]["seeds"] == 10 and res["summary"]["deciding"] == ["kdv1d"]
+  counts = {n: len(s["per_seed"]) for n, s in res["data"]["systems"].items()}
+  assert counts == {"kdv1d": 10, "ks1d": 3}  # the design: kdv1d from power, ks1d capped, no ns2d
   assert docsync.results_block("roundtrip") in exp.__doc__
   assert docsync.readme_section("roundtrip") in _read(README)
 
@@ -139,7 +141,29 @@ def test_config_round_trips_through_plain_data():
     cfg = cfg_lib.ExperimentConfig.from_dict(json.loads(json.dumps(config)))
     assert cfg == (cfg_lib.quick_config() if quick else cfg_lib.full_config())
   units = exp.units(dict(cfg_lib.get_config(False), seeds=2))
-  assert len(units) == 2 * (4 + 1 + 1) and "kdv1d-under-s1" in units
+  assert len(units) == 2 * (4 + 1) and "kdv1d-under-s1" in units
+  # The full run: kdv1d (deciding) at the seeds from power, ks1d (stress) capped at 3, no ns2d.
+  full = cfg_lib.full_config()
+  assert full.seeds == cfg_lib.seeds_from_power() >= 8
+  assert [p.name for p in full.plans] == ["kdv1d", "ks1d"]
+  units = exp.units(dict(cfg_lib.get_config(False), seeds=5))
+  assert len(units) == 5 * 4 + 3 and "ks1d-bidir-s2" in units and "ks1d-bidir-s3" not in units
+  assert full.plan("ks1d").num_seeds(2) == 2 and full.plan("kdv1d").num_seeds(12) == 12
+
+
+def test_kdv_plan_rolls_out_16_start_times(tmp_path):
+  """The full kdv1d plan: 16 start times per test trajectory (frames 0-15), OOD rollouts from
+  every fourth; the unit spec carries the system's fingerprint, so new data retrains."""
+  from rlpost.dynamics import systems
+
+  plan = cfg_lib.full_config().plan("kdv1d")
+  traj = np.zeros((3, 40, 4, 1), np.float32)
+  got = U.unit_data(plan, {"train": traj, "test": traj, "ood": traj})
+  np.testing.assert_array_equal(got["starts"], np.arange(16))
+  np.testing.assert_array_equal(got["ood_starts"], [0, 4, 8, 12])
+  assert got["test"].shape == (3 * 16, 17, 4, 1) and got["ood"].shape == (3 * 4, 17, 4, 1)
+  spec = plan.unit_spec("bidir", 0, 0)
+  assert spec["fingerprint"] == systems.get_system("kdv1d").fingerprint()
 
 
 def test_windows_and_start_times():
@@ -212,3 +236,54 @@ def test_metrics_reduce_per_seed():
   assert CL.METRICS["gain_fwd"](s) is None  # no specialists: the part is not judged
   vals = CL.per_seed_values([s, dict(s, ranking=dict(s["ranking"], skill=None))])
   assert vals["skill"] == [0.9] and "gain_fwd" not in vals
+
+
+def test_every_ranking_rule_has_an_oracle_check():
+  """Each selective-prediction and OOD rule is also judged with the true error as the score (the
+  sanity family), at the claim's own threshold: a rule the oracle fails tests nothing."""
+  parts = {c.id: c.parts for c in CL.CLAIMS}
+  checked = [cid for cid, _ in CL.ATTAINABLE]
+  assert set(checked) == {"selective_cut", "selective_per_depth", "selective_pooled_beats_depth",
+                          "ood_auroc"}
+  oracle = dict(zip(checked, [p for _, p in CL.ATTAINABLE]))
+  assert oracle["selective_cut"].center == parts["selective_cut"][0].center == CL.SELECTIVE_CUT
+  assert CL.SELECTIVE_CUT == 0.15  # the paper's cut
+  assert ([p.center for cid, p in CL.ATTAINABLE if cid == "ood_auroc"]
+          == [p.center for p in parts["ood_auroc"]])
+  rng = np.random.default_rng(1)
+  seeds = []
+  for i in range(6):
+    s = _seed(0.9, [0.9, 0.9])
+    cut = 0.11 + 0.01 * rng.standard_normal()  # the oracle cuts ~11%: below the paper's 15%
+    s["selective"] = {"by_depth": {"oracle": [cut, cut + 0.02]},
+                      "pooled": {"oracle": 0.5 + 0.01 * i, "depth": 0.4}}
+    s["ood"].update(E=[0.99, 0.995 + 0.001 * i], E_depth_mean=0.99 + 0.001 * i)
+    seeds.append(s)
+  out = CL.judge({"a": seeds}, {"a": "fair"})
+  sanity = {v["claim"]["id"]: v["verdict"] for v in out["verdicts"]["sanity@a"]}
+  assert sanity == {"selective_cut.oracle0@a": CL.NOT,
+                    "selective_per_depth.oracle1@a": CL.REPRODUCED,
+                    "selective_pooled_beats_depth.oracle2@a": CL.REPRODUCED,
+                    "ood_auroc.oracle3@a": CL.REPRODUCED, "ood_auroc.oracle4@a": CL.REPRODUCED}
+
+
+def test_header_with_seeds_from_power_and_a_capped_system(quick_run, tmp_path):
+  """The full run's shape: the deciding system at the seeds from power, the stress test capped;
+  the header attaches the power note to the former and lists the failed oracle checks."""
+  res = json.loads((quick_run / "results.json").read_text())
+  systems = res["data"]["systems"]
+  kdv = systems["kdv1d"]["per_seed"]
+  systems["kdv1d"]["per_seed"] = kdv + [kdv[0]]  # a third kdv1d seed
+  res["config"].update(seeds=3, pilot_sd=0.145, min_effect=0.2, min_seeds=3)
+  (tmp_path / "results.json").write_text(json.dumps(res))
+  harness.rejudge(exp.EXPERIMENT, str(tmp_path))
+  table = (tmp_path / "table.md").read_text()
+  power = ("(10 from power: pilot SD 0.145, minimum effect 0.2, 80% power at alpha 0.05 by the "
+           "two-sided two-sample formula; floor 3)")
+  assert f"seeds: kdv1d 3 {power}, ns2d 2 (capped), ks1d 2 (capped: it decides nothing)" in table
+  out = json.loads((tmp_path / "results.json").read_text())
+  failed = [c for c in out["summary"]["claims"] if c["oracle_fails"]]
+  assert all(c["id"] in {"selective_cut", "selective_per_depth", "selective_pooled_beats_depth"}
+             for c in failed)
+  if failed:
+    assert "Oracle check not passed" in table

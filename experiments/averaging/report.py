@@ -83,10 +83,4 @@ def verdict_section(judged: list[dict]) -> list[str]:
   return [*harness.verdict_rows(judged), "", harness.protocol_note(judged), ""]
 
 
-def machine_text(machine: dict) -> str:
-  """'x86_64, 2 CPU cores, jax 0.10.2 on cpu' from a results.json ``machine`` record."""
-  if not machine or machine.get("recorded") is False:
-    return "a machine not recorded"
-  jax_version = machine.get("versions", {}).get("jax", "?")
-  return (f"{machine.get('processor', '?')}, {machine.get('cpus', '?')} CPU cores, jax "
-          f"{jax_version} on {machine.get('platform', '?')}")
+machine_text = harness.machine_text

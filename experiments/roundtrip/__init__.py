@@ -6,8 +6,9 @@ round-trip spec mirrored in ``README.md``).
 
 Command:  python scripts/reproduce.py roundtrip [--quick] [--seeds N] [--out DIR]
           python scripts/reproduce.py roundtrip --rejudge   # re-judge results/roundtrip (seconds)
-Hardware: CPU (2 cores). For each system (kdv1d and ns2d: fair tests; ks1d: stress test) and
-seed, one bidirectional flow-matching stepper is trained (``rlpost.dynamics.train``), rolled out
+Hardware: CPU (2 cores). For each system of the plan (kdv1d: the fair test, 10 seeds from power;
+ks1d: the stress test, 3 seeds; ns2d, a fair system whose model never learned at this budget, is
+in the quick run only) and seed, one bidirectional flow-matching stepper is trained (``rlpost.dynamics.train``), rolled out
 from held-out test starts, training starts and OOD starts, and round-tripped
 (``rlpost.dynamics.rollout.round_trip``); on kdv1d, forward-only and backward-only specialists and
 an undertrained model are trained beside it. Plans: ``config.py``; one unit: ``unit.py``;
@@ -32,49 +33,51 @@ this docstring and the results section of ``experiments/roundtrip/README.md``.
 
 Results on this CPU (generated from results/roundtrip/table.md; do not edit by hand):
 
-`python scripts/reproduce.py roundtrip`: 3 seeds per system (model initialisation and training noise; data fixed, dataset seed 0); 21.9 min of training and evaluation over 18 units (x86_64, 2 CPU cores, jax 0.10.2 on cpu, as the pre-harness run recorded it). Cells: mean [95% Student-t interval over seeds].
+`python scripts/reproduce.py roundtrip`: seeds: kdv1d 10 (10 from power: pilot SD 0.145, minimum effect 0.2, 80% power at alpha 0.05 by the two-sided two-sample formula; floor 8), ks1d 3 (capped: it decides nothing) (model initialisation and training noise; data fixed, dataset seed 0); 22.3 min of training and evaluation over 43 units (x86_64, 2 CPU cores, jax 0.10.2 on cpu). Minimum detectable effect of the paper's parts: 0.0149-0.443 (each part's in its row). Cells: mean [95% Student-t interval over seeds].
 
 ## Paper claims
 
 Verdicts on the deciding systems (kdv1d); the other systems' verdicts, in their own families, are shown beside and do not enter the verdict column. A claim of several parts is reproduced when every part is, not reproduced when any part is.
 
-| claim | paper | verdict | kdv1d (fair) | ns2d (fair) | ks1d (stress) |
-| --- | --- | --- | --- | --- | --- |
-| `fixed_depth` | C_i ranks rollout error at fixed depth: Spearman 0.91-0.98 | **not reproduced** | not reproduced | inconclusive | not reproduced |
-| `within_trajectory` | ranking within trajectories: Spearman 0.69 +- 0.16 | **inconclusive** | inconclusive | inconclusive | not reproduced |
-| `calibrator_width` | calibrator interval factors 1.14x (68%) / 1.29x (95%) | **inconclusive** | inconclusive | not reproduced | not reproduced |
-| `calibrator_coverage` | calibrator coverage near nominal (68% / 95%) | **inconclusive** | inconclusive | inconclusive | inconclusive |
-| `calibrator_nll` | calibrator one nat better than depth-only (held-out NLL) | **inconclusive** | inconclusive | not reproduced | not reproduced |
-| `ood_auroc` | OOD AUROC 0.98, 1.0 by depth 10 | **inconclusive** | inconclusive | not reproduced | not reproduced |
-| `dispersion_inverts` | sampling-dispersion baselines invert on OOD data (AUROC < 0.5) | **not reproduced** | not reproduced | reproduced | not reproduced |
-| `selective_cut` | 15% error cut at 80% coverage | **inconclusive** | inconclusive | inconclusive | not reproduced |
-| `specialists` | bidirectional training beats direction specialists in both directions | **inconclusive** | inconclusive | n/a | n/a |
-| `inverse_solver` | the backward direction works as an inverse solver | **reproduced** | reproduced | inconclusive | not reproduced |
+| claim | paper | verdict | kdv1d (fair) | ks1d (stress) |
+| --- | --- | --- | --- | --- |
+| `fixed_depth` | C_i ranks rollout error at fixed depth: Spearman 0.91-0.98 | **not reproduced** | not reproduced | not reproduced |
+| `within_trajectory` | ranking within trajectories: Spearman 0.69 +- 0.16 | **not reproduced** | not reproduced | not reproduced |
+| `calibrator_width` | calibrator interval factors 1.14x (68%) / 1.29x (95%) | **not reproduced** | not reproduced | not reproduced |
+| `calibrator_coverage` | calibrator coverage near nominal (68% / 95%) | **inconclusive** | inconclusive | inconclusive |
+| `calibrator_nll` | calibrator one nat better than depth-only (held-out NLL) | **not reproduced** | not reproduced | not reproduced |
+| `ood_auroc` | OOD AUROC 0.98, 1.0 by depth 10 | **not reproduced** | not reproduced | not reproduced |
+| `dispersion_inverts` | sampling-dispersion baselines invert on OOD data (AUROC < 0.5) | **not reproduced** | not reproduced | not reproduced |
+| `selective_cut` | 15% error cut at 80% coverage | **not reproduced** | not reproduced | not reproduced |
+| `specialists` | bidirectional training beats direction specialists in both directions | **not reproduced** | not reproduced | n/a |
+| `inverse_solver` | the backward direction works as an inverse solver | **reproduced** | reproduced | not reproduced |
 
-Parts on the deciding systems: one Holm family, 3 seeds per system, one-sample claims about per-seed summaries (a - threshold). Intervals cover seed-to-seed variation (model initialisation and training noise) only: every seed is evaluated on the same fixed test, training and OOD trajectories with the same evaluation noise keys, so they exclude the sampling error of the trajectories.
+Oracle check not passed (not shown that any ranking can meet the rule there, so the rule may not test C_i; see "Sanity checks"): `selective_cut` (kdv1d, ks1d); `selective_pooled_beats_depth` (ks1d).
+
+Parts on the deciding systems: one Holm family, 10 seeds, one-sample claims about per-seed summaries (a - threshold). Intervals cover seed-to-seed variation (model initialisation and training noise) only: every seed is evaluated on the same fixed test, training and OOD trajectories with the same evaluation noise keys, so they exclude the sampling error of the trajectories.
 
 | claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
 | --- | --- | --- | --- | --- | --- | --- |
-| `fixed_depth`: Spearman(C_i, E_i) at the seed's worst depth above 0.80 | kdv1d - 0.8: -0.381 [-0.740, -0.021] | 0.978 (1) | 1 | 3 | 0.314 | not reproduced |
-| `within_trajectory`: depth mean of the within-trajectory mean Spearman above 0.53 (= 0.69 - 0.16) | kdv1d - 0.53: -0.227 [-0.657, +0.204] | 0.924 (1) | 1 | 3 | 0.376 | inconclusive |
-| `calibrator_width`: 68% factor exp(sigma) below 1.20 | kdv1d - 1.2: +0.140 [-0.054, +0.333] | 0.955 (1) | 1 | 3 | 0.169 | inconclusive |
-| `calibrator_coverage`: held-out 68% coverage within 0.683 +- 0.08 | kdv1d - 0.683: +0.009 [-0.057, +0.074] | 0.043 (0.516) | 0.75 | 3 | 0.084 | inconclusive |
-| `calibrator_coverage`: held-out 95% coverage within 0.95 +- 0.04 | kdv1d - 0.95: +0.002 [-0.023, +0.027] | 0.0235 (0.305) | 0.75 | 3 | 0.032 | inconclusive |
-| `calibrator_nll`: NLL gain over the log-depth-only calibrator above 0.5 nats | kdv1d - 0.5: -0.272 [-0.571, +0.027] | 0.97 (1) | 1 | 3 | 0.262 | inconclusive |
-| `ood_auroc`: depth-mean AUROC of C_i above 0.90 | kdv1d - 0.9: +0.024 [-0.043, +0.092] | 0.129 (1) | 0.25 | 3 | 0.059 | inconclusive |
-| `ood_auroc`: AUROC of C_i at the deepest depth above 0.95 | kdv1d - 0.95: -0.138 [-0.377, +0.102] | 0.934 (1) | 1 | 3 | 0.209 | inconclusive |
-| `dispersion_inverts`: depth-mean AUROC of the raw sample spread below 0.5 | kdv1d - 0.5: +0.232 [+0.094, +0.371] | 0.991 (1) | 1 | 3 | 0.121 | not reproduced |
-| `dispersion_inverts`: depth-mean AUROC of the normalised sample spread below 0.5 | kdv1d - 0.5: +0.351 [+0.273, +0.430] | 0.999 (1) | 1 | 3 | 0.069 | not reproduced |
-| `selective_cut`: depth mean of the per-depth error cut ranking by C_i above 0.10 (the paper's 0.15 is beyond the oracle here: see the sanity checks) | kdv1d - 0.1: -0.020 [-0.088, +0.047] | 0.838 (1) | 0.875 | 3 | 0.059 | inconclusive |
-| `specialists`: forward: log(specialist / bidirectional error), depth mean, above 0 | kdv1d - 0: -0.322 [-0.782, +0.138] | 0.953 (1) | 1 | 3 | 0.402 | inconclusive |
-| `specialists`: backward: log(specialist / bidirectional error), depth mean, above 0 | kdv1d - 0: -0.713 [-1.645, +0.220] | 0.959 (1) | 1 | 3 | 0.815 | inconclusive |
-| `inverse_solver`: log(error of x_0 := x_i / error recovering x_0 from the true x_i) at the worst depth above 0 | kdv1d - 0: +2.603 [+1.819, +3.387] | 0.00243 (0.0341) | 0.125 | 3 | 0.685 | reproduced |
+| `fixed_depth`: Spearman(C_i, E_i) at the seed's worst depth above 0.80 | kdv1d - 0.8: -0.490 [-0.670, -0.309] | 1 (1) | 1 | 10 | 0.236 | not reproduced |
+| `within_trajectory`: depth mean of the within-trajectory mean Spearman above 0.53 (= 0.69 - 0.16) | kdv1d - 0.53: -0.337 [-0.409, -0.266] | 1 (1) | 1 | 10 | 0.094 | not reproduced |
+| `calibrator_width`: 68% factor exp(sigma) below 1.20 | kdv1d - 1.2: +0.219 [+0.142, +0.297] | 1 (1) | 1 | 10 | 0.101 | not reproduced |
+| `calibrator_coverage`: held-out 68% coverage within 0.683 +- 0.08 | kdv1d - 0.683: +0.046 [+0.016, +0.076] | 0.0327 (0.392) | 0.0273 | 10 | 0.048 | inconclusive |
+| `calibrator_coverage`: held-out 95% coverage within 0.95 +- 0.04 | kdv1d - 0.95: -0.017 [-0.035, +0.001] | 0.0214 (0.279) | 0.102 | 10 | 0.029 | inconclusive |
+| `calibrator_nll`: NLL gain over the log-depth-only calibrator above 0.5 nats | kdv1d - 0.5: -0.295 [-0.400, -0.190] | 1 (1) | 0.999 | 10 | 0.137 | not reproduced |
+| `ood_auroc`: depth-mean AUROC of C_i above 0.90 | kdv1d - 0.9: -0.053 [-0.105, -0.002] | 0.978 (1) | 0.997 | 10 | 0.068 | not reproduced |
+| `ood_auroc`: AUROC of C_i at the deepest depth above 0.95 | kdv1d - 0.95: -0.295 [-0.378, -0.211] | 1 (1) | 1 | 10 | 0.109 | not reproduced |
+| `dispersion_inverts`: depth-mean AUROC of the raw sample spread below 0.5 | kdv1d - 0.5: +0.045 [+0.034, +0.057] | 1 (1) | 1 | 10 | 0.015 | not reproduced |
+| `dispersion_inverts`: depth-mean AUROC of the normalised sample spread below 0.5 | kdv1d - 0.5: +0.186 [+0.171, +0.202] | 1 (1) | 1 | 10 | 0.021 | not reproduced |
+| `selective_cut`: depth mean of the per-depth error cut ranking by C_i above 0.15 | kdv1d - 0.15: -0.060 [-0.085, -0.035] | 1 (1) | 1 | 10 | 0.032 | not reproduced |
+| `specialists`: forward: log(specialist / bidirectional error), depth mean, above 0 | kdv1d - 0: -0.266 [-0.440, -0.092] | 0.996 (1) | 0.995 | 10 | 0.228 | not reproduced |
+| `specialists`: backward: log(specialist / bidirectional error), depth mean, above 0 | kdv1d - 0: -0.088 [-0.426, +0.250] | 0.716 (1) | 0.709 | 10 | 0.443 | inconclusive |
+| `inverse_solver`: log(error of x_0 := x_i / error recovering x_0 from the true x_i) at the worst depth above 0 | kdv1d - 0: +1.898 [+1.582, +2.214] | 1.33e-07 (1.87e-06) | 0.000977 | 10 | 0.414 | reproduced |
 
-Statistics: TOST (paired t), margin 0.04; TOST (paired t), margin 0.08; paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 3 seeds per arm; pooled seed SD up to 0.375; minimum detectable effect (80% power) 0.032-0.815.
+Statistics: TOST (paired t), margin 0.04; TOST (paired t), margin 0.08; paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 10 seeds per arm; pooled seed SD up to 0.473; minimum detectable effect (80% power) 0.0149-0.443.
 
-Rules (``experiments/roundtrip/claims.py``): a part is reproduced when its Holm-adjusted one-sided t test rejects at 5% and its 95% t interval clears the threshold, not reproduced when the interval lies wholly on the wrong side, inconclusive otherwise; a coverage band is an equivalence claim (TOST, reproduced when both one-sided tests reject, not reproduced when the 90% interval lies outside the band). Rules made at every depth are judged on each seed's worst depth. The permutation p (one-sided, not adjusted) is reported beside; at 3 seeds its smallest value, 1/8, is too coarse to decide.
+Rules (``experiments/roundtrip/claims.py``): a part is reproduced when its Holm-adjusted one-sided t test rejects at 5% and its 95% t interval clears the threshold, not reproduced when the interval lies wholly on the wrong side, inconclusive otherwise; a coverage band is an equivalence claim (TOST, reproduced when both one-sided tests reject, not reproduced when the 90% interval lies outside the band). Rules made at every depth are judged on each seed's worst depth. The permutation p (one-sided, not adjusted) is reported beside; at 10 seeds its smallest value is 1/1024.
 
-Dropped: `selective_vs_depth` (the cut is three times the depth-only baseline's; old rule: pooled (C cut - 3 x depth-only cut) above 0, and the C cut above 0): no ranking can meet it: pooled over depths, ranking by depth alone already earns nearly the oracle's whole cut (errors grow by an order of magnitude over the depths), so even the oracle's pooled cut is far below three times the depth-only one (oracle - 3 x depth-only below). Its attainable weaker form, `selective_pooled_beats_depth`, is a control. Intervals over seeds: pooled_cut_C_minus_3x_depth: kdv1d -0.913 [-1.139, -0.686], ns2d -0.357 [-0.418, -0.295], ks1d -1.202 [-1.374, -1.029]; pooled_cut_oracle_minus_3x_depth: kdv1d -0.890 [-1.139, -0.641], ns2d -0.326 [-0.344, -0.307], ks1d -1.190 [-1.397, -0.982].
+Dropped: `selective_vs_depth` (the cut is three times the depth-only baseline's; old rule: pooled (C cut - 3 x depth-only cut) above 0, and the C cut above 0): no ranking can meet it: pooled over depths, ranking by depth alone already earns nearly the oracle's whole cut (errors grow by an order of magnitude over the depths), so even the oracle's pooled cut is far below three times the depth-only one (oracle - 3 x depth-only below). Its attainable weaker form, `selective_pooled_beats_depth`, is a control. Intervals over seeds: pooled_cut_C_minus_3x_depth: kdv1d -1.045 [-1.090, -1.001], ks1d -1.183 [-1.371, -0.994]; pooled_cut_oracle_minus_3x_depth: kdv1d -1.010 [-1.052, -0.968], ks1d -1.168 [-1.397, -0.940].
 
 (end of generated results)
 """
@@ -103,7 +106,7 @@ def units(config: dict) -> dict[str, harness.Unit]:
   cfg = cfg_lib.ExperimentConfig.from_dict(config)
   out = {}
   for plan in cfg.plans:
-    for seed in range(cfg.seeds):
+    for seed in range(plan.num_seeds(cfg.seeds)):
       for kind in plan.kinds():
         steps = plan.train_config(kind).num_steps
 
@@ -130,7 +133,7 @@ def collect(config: dict, results: dict) -> dict:
   systems = {}
   for plan in cfg.plans:
     per_seed, metas = [], []
-    for seed in range(cfg.seeds):
+    for seed in range(plan.num_seeds(cfg.seeds)):
       got = {kind: results[f"{plan.name}-{kind}-s{seed}"] for kind in plan.kinds()}
       metas += [{k: v for k, v in r.items() if not hasattr(v, "shape")} for r in got.values()]
       win = got["bidir"]["windows"]

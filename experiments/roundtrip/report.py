@@ -149,16 +149,49 @@ def system_section(name: str, info: dict, s: dict, coverage: float) -> str:
 
 def _run_line(report: dict) -> str:
   cfg, mach = report["config"], report["machine"]
+  roles = {n: s["role"] for n, s in report["data"]["systems"].items()}
   hardware = mach.get("hardware") or (f"{mach.get('processor')}, {mach.get('cpus')} CPU cores, "
                                       f"jax {mach.get('versions', {}).get('jax')} on "
                                       f"{mach.get('platform')}")
   if mach.get("recorded") is False:
     hardware += ", as the pre-harness run recorded it"
-  n_units = sum(len(s["units"]) for s in report["data"]["systems"].values())
-  return (f"`{report['command']}`: {cfg['seeds']} seeds per system (model initialisation and "
-          f"training noise; data fixed, dataset seed {cfg['data_seed']}); "
-          f"{report['unit_seconds'] / 60:.1f} min of training and evaluation over {n_units} units "
-          f"({hardware}). Cells: mean [95% Student-t interval over seeds].")
+  systems = report["data"]["systems"]
+  n_units = sum(len(s["units"]) for s in systems.values())
+  counts = {n: len(systems[n]["per_seed"]) for n in _names(report)}
+  power = ""
+  if cfg.get("pilot_sd") is not None:
+    from rlpost.eval import stats
+
+    need = max(cfg["min_seeds"], stats.seeds_needed(cfg["pilot_sd"], cfg["min_effect"]))
+    power = (f" ({need} from power: pilot SD {cfg['pilot_sd']}, minimum effect "
+             f"{cfg['min_effect']}, 80% power at alpha 0.05 by the two-sided two-sample "
+             f"formula; floor {cfg['min_seeds']})")
+  if len(set(counts.values())) == 1:
+    seeds = f"{next(iter(counts.values()))} seeds per system{power}"
+  else:  # the power note belongs to the systems run at the experiment's count
+    seeds = "seeds: " + ", ".join(
+        f"{n} {k}" + (power if k == cfg["seeds"] else " (capped: it decides nothing)"
+                      if roles.get(n) == "stress" else " (capped)")
+        for n, k in counts.items())
+  paper = report["summary"]["verdicts"].get("paper", [])
+  mdes = [v["mde"] for v in paper if v.get("mde") is not None and np.isfinite(v["mde"])]
+  mde = (f" Minimum detectable effect of the paper's parts: {min(mdes):.3g}-{max(mdes):.3g} "
+         "(each part's in its row)." if mdes else "")
+  return (f"`{report['command']}`: {seeds} (model initialisation and training noise; data "
+          f"fixed, dataset seed {cfg['data_seed']}); {report['unit_seconds'] / 60:.1f} min of "
+          f"training and evaluation over {n_units} units ({hardware}).{mde} Cells: mean [95% "
+          "Student-t interval over seeds].")
+
+
+def _oracle_fails(claims: list[dict]) -> list[str]:
+  """A line naming each claim whose rule an oracle ranking fails on some system (no test of C_i
+  there), or nothing."""
+  failed = [f"`{c['id']}` ({', '.join(c['oracle_fails'])})" for c in claims
+            if c.get("oracle_fails")]
+  if not failed:
+    return []
+  return [f"Oracle check not passed (not shown that any ranking can meet the rule there, so "
+          f"the rule may not test C_i; see \"Sanity checks\"): {'; '.join(failed)}.", ""]
 
 
 def _verdicts_table(claims: list[dict], names: list[str], roles: dict, control: bool) -> str:
@@ -180,7 +213,7 @@ def render(report: dict) -> str:
   gate = {v["claim"]["arms"][0]: v for v in s["gate"]}
   fam = s["verdicts"]
   paper, controls = fam.get("paper", []), fam.get("controls", [])
-  seeds = report["config"]["seeds"]
+  seeds = min((len(systems[n]["per_seed"]) for n in deciding), default=report["config"]["seeds"])
   excluded = ("Intervals cover seed-to-seed variation (model initialisation and training noise) "
               "only: every seed is evaluated on the same fixed test, training and OOD "
               "trajectories with the same evaluation noise keys, so they exclude the sampling "
@@ -206,7 +239,8 @@ def render(report: dict) -> str:
       "A claim of several parts is reproduced when every part is, not reproduced when any "
       "part is.", "",
       _verdicts_table(s["claims"], names, roles, control=False), "",
-      f"Parts on the deciding systems: one Holm family, {seeds} seeds per system, one-sample "
+      *_oracle_fails(s["claims"]),
+      f"Parts on the deciding systems: one Holm family, {seeds} seeds, one-sample "
       "claims about per-seed summaries (a - threshold). " + excluded, "",
       *harness.verdict_rows(paper), "",
       harness.protocol_note(paper) or "No system decides: every paper verdict is inconclusive.",
@@ -217,8 +251,8 @@ def render(report: dict) -> str:
       "coverage band is an equivalence claim (TOST, reproduced when both one-sided tests reject, "
       "not reproduced when the 90% interval lies outside the band). Rules made at every depth "
       "are judged on each seed's worst depth. The permutation p (one-sided, not adjusted) is "
-      f"reported beside; at {seeds} seeds its smallest value, 1/{2 ** seeds}, is too coarse to "
-      "decide.", ""]
+      f"reported beside; at {seeds} seeds its smallest value is 1/{2 ** seeds}"
+      + (", too coarse to decide." if 2 ** seeds < 40 else "."), ""]
   for d in s["dropped"]:
     cells = "; ".join(f"{m}: " + ", ".join(f"{n} {_ci(c[n], 3)}" for n in names if n in c)
                       for m, c in d["cells"].items())
@@ -238,7 +272,9 @@ def render(report: dict) -> str:
       lines += [f"### {n} ({roles[n]} test)", "", *harness.verdict_rows(rows), ""]
   lines += ["## Sanity checks", "",
             "An oracle ranking (by the true error) must meet a selective-prediction rule for the "
-            "rule to test C_i (statistics.md, point 6).", ""]
+            "rule to test C_i (statistics.md, point 6). The OOD rows score OOD by the true error "
+            "E_i: a reference for how visible the shift is in the error, not a bound on C_i's "
+            "AUROC, so they void no verdict.", ""]
   lines += harness.verdict_rows([v for n in names for v in fam.get(f"sanity@{n}", [])])
   lines += ["", "## Details per system", ""]
   for n in names:

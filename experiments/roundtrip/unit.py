@@ -71,7 +71,7 @@ def unit_data(plan: cfg_lib.SystemPlan, data: dict[str, np.ndarray]) -> dict[str
   """The windows a unit rolls out: truth paths [B, D+1, *S, F] for train / test / OOD."""
   d = plan.max_depth
   t = data["test"].shape[1]
-  starts = start_times(t, d, plan.start_stride)
+  starts = start_times(t, d, plan.start_stride)[:plan.max_starts]
   ood_starts = starts[::plan.ood_start_every]
   return {
       "starts": starts,
