@@ -318,11 +318,14 @@ def judge(per_seed: Mapping[str, list[dict]], roles: Mapping[str, str]) -> dict:
           claims.append(_claim(f"{pc.id}.{i}@{system}", f"`{pc.id}`: {part.rule}", part, system,
                                family))
           origin[claims[-1].id] = (pc.id, system)
+  oracle_check = {}  # sanity claim id -> the paper claim whose rule it checks (not references)
   for i, (cid, part) in enumerate(ATTAINABLE):
     for system in per_seed:
       if judgeable(part, system):
         claims.append(_claim(f"{cid}.oracle{i}@{system}", f"`{cid}`: {part.rule}", part, system,
                              f"sanity@{system}"))
+        if cid not in REFERENCE_ONLY:
+          oracle_check[claims[-1].id] = cid
   judged = harness.judge_family(claims, by_metric)
   verdicts: dict[str, list[dict]] = {}
   parts: dict[tuple[str, str], list[str]] = {}
@@ -331,10 +334,10 @@ def judge(per_seed: Mapping[str, list[dict]], roles: Mapping[str, str]) -> dict:
     verdicts.setdefault(v.claim.family, []).append(v.to_json())
     if v.claim.id in origin:
       parts.setdefault(origin[v.claim.id], []).append(v.verdict)
-    cid = v.claim.id.split(".oracle")[0]
-    if (v.claim.family.startswith("sanity@") and cid not in REFERENCE_ONLY
-        and v.verdict != REPRODUCED):
-      oracle_fails.setdefault(cid, []).append(v.claim.arms[0])
+    if v.claim.id in oracle_check and v.verdict != REPRODUCED:
+      failed = oracle_fails.setdefault(oracle_check[v.claim.id], [])
+      if v.claim.arms[0] not in failed:
+        failed.append(v.claim.arms[0])
   table = []
   for pc in CLAIMS:
     systems = {s: every(parts[(pc.id, s)]) for s in per_seed if (pc.id, s) in parts}

@@ -316,11 +316,9 @@ def render(report: dict) -> str:
 
 
 def plot(report: dict, out_dir: str) -> list[str]:
-  import matplotlib
+  from experiments.roundtrip import report as rep
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  plt = rep._plt()
   s, config = report["summary"], report["config"]
   fig, axes = plt.subplots(1, len(s["cells"]), figsize=(3.2 * len(s["cells"]), 3), squeeze=False)
   for ax, c in zip(axes[0], s["cells"]):
@@ -335,11 +333,7 @@ def plot(report: dict, out_dir: str) -> list[str]:
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel("relative L2 error of x_0")
   axes[0][0].legend(fontsize=7)
-  fig.tight_layout()
-  path = os.path.join(out_dir, "inverse_convergence.png")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return [path]
+  return [rep._save(fig, plt, out_dir, "inverse_convergence.png")]
 
 
 EXPERIMENT = harness.Experiment(name="roundtrip_inverse", get_config=get_config, units=units,
