@@ -152,7 +152,10 @@ def add_sampler_args(p: argparse.ArgumentParser) -> None:
   p.add_argument("--repeats", type=int, default=5, help="timed runs per side and setting")
   p.add_argument("--max-seconds", type=float, default=60.0,
                  help="stop repeating a setting after this many seconds (at least 2 repeats)")
-  p.add_argument("--no-transformers", action="store_true", help="skip the transformers baseline")
+  p.add_argument("--no-transformers", action="store_true", help="skip the baseline (any --peer)")
+  p.add_argument("--peer", choices=("transformers", "tunix"), default="transformers",
+                 help="the baseline on the same weights: transformers generate (the oracle "
+                      "extra) or Tunix's sampler (the peers extra, its own environment)")
   p.add_argument("--torch-threads", default="cores,1",
                  help="comma list of torch.set_num_threads candidates ('cores' = os.cpu_count()); "
                       "per model, the fastest on a short calibration run is the baseline")
@@ -235,7 +238,15 @@ def run_sampler(args) -> dict:
       raise ValueError(f"unknown model {m!r}; choose from {sorted(MODELS)}")
 
   baseline = None
-  if not args.no_transformers:
+  if args.no_transformers:
+    pass
+  elif args.peer == "tunix":
+    from scripts.benchmarks import tunix_peer
+    if tunix_peer.available():
+      baseline = {"peer": "tunix"}
+    else:
+      print("Tunix baseline skipped: google-tunix is not installed (the peers extra)", flush=True)
+  else:
     try:
       import torch  # noqa: F401
       import transformers  # noqa: F401
@@ -244,10 +255,11 @@ def run_sampler(args) -> dict:
         t = os.cpu_count() if t == "cores" else int(t)
         if t not in threads:
           threads.append(t)
-      baseline = {"torch_threads": threads, "device": args.torch_device}
+      baseline = {"peer": "transformers", "torch_threads": threads, "device": args.torch_device}
     except ImportError as e:
       baseline = None
       print(f"transformers baseline skipped: {e}", flush=True)
+  peer = baseline["peer"] if baseline else args.peer
 
   peak_before = measure_matmul_peak(512 if args.quick else 2048, 3 if args.quick else 8)
   print(f"f32 matmul peak: {peak_before['gflops_best']:.1f} GFLOP/s "
@@ -259,8 +271,13 @@ def run_sampler(args) -> dict:
     cfg = MODELS[name]
     model = tfm.init_model(cfg, seed=args.seed)
     params = nnx.state(model)
-    hf_model = _Transformers(model, workdir, args.torch_device) if baseline else None
-    if hf_model:
+    hf_model = tunix_model = None
+    if baseline and peer == "tunix":
+      tunix_model = tunix_peer.TunixSampler(model, workdir, prompt_len, new_tokens)
+      baseline.update(version=tunix_model.version)
+      baseline.setdefault("model_configs", {})[name] = tunix_peer.describe(cfg)["model"]
+    elif baseline:
+      hf_model = _Transformers(model, workdir, args.torch_device)
       baseline["attn_implementation"] = hf_model.attn_implementation
       threads, calib = _calibrate_threads(hf_model, baseline["torch_threads"], cfg, prompt_len,
                                           batches, new_tokens, args.seed)
@@ -268,6 +285,7 @@ def run_sampler(args) -> dict:
       print(f"{name}: transformers with torch.set_num_threads({threads}) "
             f"(calibration tokens/s by threads: {calib})", flush=True)
       hf_model.torch.set_num_threads(threads)
+    other = hf_model or tunix_model
     scfg = sampling.SamplingConfig(max_new_tokens=new_tokens, temperature=0.0)
     sampler = sampling.Sampler(model, scfg)
     for batch in batches:
@@ -281,16 +299,16 @@ def run_sampler(args) -> dict:
       ours = np.asarray(out.tokens)
       if int(np.asarray(out.lengths).min()) != new_tokens:
         raise RuntimeError("rlpost sampler stopped early")
-      theirs = hf_model.generate(tokens, new_tokens) if hf_model else None  # warm-up
+      theirs = other.generate(tokens, new_tokens) if other else None  # warm-up
       t_ours, t_theirs = [], []
       start = time.perf_counter()
       for r in range(repeats):
         t0 = time.perf_counter()
         jax.block_until_ready(sampler(params, tokens, mask, key, validate=False))
         t_ours.append(time.perf_counter() - t0)
-        if hf_model:
+        if other:
           t0 = time.perf_counter()
-          hf_model.generate(tokens, new_tokens)
+          other.generate(tokens, new_tokens)
           t_theirs.append(time.perf_counter() - t0)
         if r >= 1 and time.perf_counter() - start > args.max_seconds:
           break
@@ -299,20 +317,21 @@ def run_sampler(args) -> dict:
              "layer_matmul_params": layer_matmul_params(cfg),
              "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens,
              "repeats": len(t_ours), "compile_s": compile_s,
-             "rlpost": _summary(t_ours, n_tok)}
+             "baseline": peer, "rlpost": _summary(t_ours, n_tok)}
       flops = generation_flops(cfg, batch, prompt_len, new_tokens)
       row["gflop"] = flops / 1e9
       row["rlpost"]["gflops"] = flops / statistics.median(t_ours) / 1e9
-      if hf_model:
-        row["transformers"] = dict(_summary(t_theirs, n_tok),
-                                   torch_threads=hf_model.torch.get_num_threads())
-        row["transformers"]["gflops"] = flops / statistics.median(t_theirs) / 1e9
-        row["ratio"] = row["rlpost"]["tokens_per_s"] / row["transformers"]["tokens_per_s"]
+      if other:
+        row[peer] = _summary(t_theirs, n_tok)
+        if hf_model:
+          row[peer]["torch_threads"] = hf_model.torch.get_num_threads()
+        row[peer]["gflops"] = flops / statistics.median(t_theirs) / 1e9
+        row["ratio"] = row["rlpost"]["tokens_per_s"] / row[peer]["tokens_per_s"]
         # Same greedy decisions up to float rounding: near-ties may flip and then diverge.
         row["token_agreement"] = float(np.mean(ours == theirs))
         row["first_token_agreement"] = float(np.mean(ours[:, 0] == theirs[:, 0]))
       else:
-        row["transformers"] = None
+        row[peer] = None
         row["ratio"] = None
       rows.append(row)
       _print_row(row, peak_before["gflops_best"], header=len(rows) == 1)
@@ -332,10 +351,11 @@ def run_sampler(args) -> dict:
       "settings": {"quick": bool(args.quick), "models": models, "batches": batches,
                    "prompt_len": prompt_len, "new_tokens": new_tokens, "decoding": "greedy",
                    "stop_tokens": None, "repeats": repeats,
-                   "order": "alternating rlpost, transformers",
+                   "order": f"alternating rlpost, {peer}",
                    "sampler_config": dataclasses.asdict(scfg)},
       "model_configs": {m: dataclasses.asdict(MODELS[m]) for m in models},
-      "transformers_baseline": baseline,
+      "peer": peer,
+      f"{peer}_baseline": baseline,
       "matmul_peak": {"before": peak_before, "after": peak_after, "gflops": peak},
       "flop_formula": FLOP_FORMULA,
       "results": rows,
@@ -343,14 +363,15 @@ def run_sampler(args) -> dict:
 
 
 def _print_row(row: dict, peak: float, header: bool) -> None:
+  peer = row["baseline"]
   if header:
     print(f"{'model':>5} {'batch':>5} | {'rlpost tok/s':>12} {'spread':>6} | "
-          f"{'transformers':>12} {'spread':>6} {'thr':>3} | {'ratio':>6} | {'GFLOP/s':>7} "
+          f"{peer:>12} {'spread':>6} {'thr':>3} | {'ratio':>6} | {'GFLOP/s':>7} "
           f"{'roofline':>8}")
   ours = row["rlpost"]
-  theirs = row["transformers"]
-  t_str = (f"{theirs['tokens_per_s']:12,.0f} {theirs['spread']:6.0%} {theirs['torch_threads']:3d}"
-           if theirs else f"{'-':>12} {'':>6} {'':>3}")
+  theirs = row[peer]
+  t_str = (f"{theirs['tokens_per_s']:12,.0f} {theirs['spread']:6.0%} "
+           f"{theirs.get('torch_threads', '-'):>3}" if theirs else f"{'-':>12} {'':>6} {'':>3}")
   ratio = f"{row['ratio']:6.2f}" if row["ratio"] is not None else f"{'-':>6}"
   print(f"{row['model']:>5} {row['batch']:>5} | {ours['tokens_per_s']:12,.0f} "
         f"{ours['spread']:6.0%} | {t_str} | {ratio} | {ours['gflops']:7.1f} "
@@ -359,14 +380,17 @@ def _print_row(row: dict, peak: float, header: bool) -> None:
 
 def format_table(rows: list[dict], peak: float) -> str:
   """Markdown table of sampler results (medians; spread = (max - min) / median)."""
+  peer = rows[0]["baseline"] if rows else "transformers"
+  extra = ", torch threads" if peer == "transformers" else ""
   lines = [
-      ("| model | params | batch | rlpost tok/s (spread) | transformers tok/s (spread, torch "
-       "threads) | ratio | rlpost GFLOP/s | roofline |"),
+      (f"| model | params | batch | rlpost tok/s (spread) | {peer} tok/s (spread{extra}) "
+       "| ratio | rlpost GFLOP/s | roofline |"),
       "|---|---:|---:|---:|---:|---:|---:|---:|",
   ]
   for r in rows:
-    ours, theirs = r["rlpost"], r["transformers"]
-    t = (f"{theirs['tokens_per_s']:,.0f} ({theirs['spread']:.0%}, {theirs['torch_threads']})"
+    ours, theirs = r["rlpost"], r[peer]
+    threads = f", {theirs['torch_threads']}" if theirs and "torch_threads" in theirs else ""
+    t = (f"{theirs['tokens_per_s']:,.0f} ({theirs['spread']:.0%}{threads})"
          if theirs else "-")
     ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
     lines.append(

@@ -147,3 +147,15 @@ def test_ablate_quick(tmp_path):
   data, stdout = _run_bench(tmp_path, "ablate", "--quick")
   assert data["benchmark"] == "ablate"
   assert "all on" in stdout and "all off" in stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tunix") is not None,
+                    reason="Tunix is installed: tests/peers runs the real peer")
+def test_peer_tunix_missing_runs_rlpost_alone(tmp_path):
+  """``--peer tunix`` without the peers extra says so in one line and times rlpost alone."""
+  data, stdout = _run_bench(tmp_path, "sampler", "--quick", "--peer", "tunix")
+  assert "Tunix baseline skipped" in stdout
+  assert data["peer"] == "tunix" and data["tunix_baseline"] is None
+  for r in data["results"]:
+    assert r["baseline"] == "tunix" and r["tunix"] is None and r["ratio"] is None
+    assert r["rlpost"]["tokens_per_s"] > 0

@@ -12,6 +12,16 @@ import numpy as np
 from rlpost.models import transformer as tfm
 
 
+def timed(fn, sink: list):
+  """``fn`` that appends each call's wall seconds to ``sink``."""
+  def wrapper(*args, **kwargs):
+    t0 = time.perf_counter()
+    result = fn(*args, **kwargs)
+    sink.append(time.perf_counter() - t0)
+    return result
+  return wrapper
+
+
 def layer_matmul_params(cfg: tfm.TransformerConfig) -> int:
   """P_layers: matmul weights of all layers (q/k/v/o + MLP kernels; no biases or norms)."""
   e, d, f = cfg.hidden_size, cfg.resolved_head_dim, cfg.intermediate_size

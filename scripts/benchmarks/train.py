@@ -27,7 +27,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from scripts.benchmarks.common import generation_flops, measure_matmul_peak, training_flops
+from scripts.benchmarks.common import (generation_flops, measure_matmul_peak, timed as _timed,
+                                       training_flops)
 
 # The policy: the sampler benchmark's 1m model on the character vocabulary (0.81M parameters).
 POLICY = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384,
@@ -43,7 +44,10 @@ def add_args(p) -> None:
   p.add_argument("--new-tokens", type=int, default=64)
   p.add_argument("--betas", default="0,0.04", help="KL coefficients to measure (comma list)")
   p.add_argument("--repeats", type=int, default=5, help="timed steps per side and beta")
-  p.add_argument("--no-trl", action="store_true", help="skip the TRL baseline")
+  p.add_argument("--no-trl", action="store_true", help="skip the baseline (any --peer)")
+  p.add_argument("--peer", choices=("trl", "tunix"), default="trl",
+                 help="the baseline: TRL's GRPOTrainer (the oracle extra) or Tunix's "
+                      "GRPOLearner (the peers extra, its own environment)")
   p.add_argument("--torch-threads", type=int, default=0, help="0: os.cpu_count()")
   p.add_argument("--data-dir", default=None, help="task data directory (default: the trainer's)")
 
@@ -145,13 +149,13 @@ def _trl_trainer(trainer, workdir: str, beta: float, args, steps: int, callback)
   return out
 
 
-def _timed(fn, sink: list):
-  def wrapper(*args, **kwargs):
-    t0 = time.perf_counter()
-    result = fn(*args, **kwargs)
-    sink.append(time.perf_counter() - t0)
-    return result
-  return wrapper
+def _peer_split(timings: dict, steps: list[float]) -> dict:
+  """A peer's step split, medians over the timed steps (its first, warm-up step dropped):
+  generation, then scoring + reference/old log-probs + advantages, then the rest (update)."""
+  gen, prep = timings["generate"][1:], timings["generate_and_score"][1:]
+  return {"generate_s": statistics.median(gen),
+          "score_and_ref_s": statistics.median([p - g for p, g in zip(prep, gen)]),
+          "update_s": statistics.median([t - p for t, p in zip(steps, prep)])}
 
 
 def _flops(trainer, beta: float, peak_gflops: float, row: dict) -> dict:
@@ -159,8 +163,9 @@ def _flops(trainer, beta: float, peak_gflops: float, row: dict) -> dict:
 
   Sampling as ``generation_flops`` (every row decodes N tokens: with random weights the batch
   runs to the limit), the update as ``training_flops`` (with a reference forward when beta > 0).
-  ``max_ratio_vs_trl``: TRL's measured step over the step's time at 100% of the peak, i.e. the
-  largest speed-up any implementation doing the same work could show here.
+  ``max_ratio_vs_peer`` (also ``max_ratio_vs_trl`` for TRL): the peer's measured step over the
+  step's time at 100% of the peak, i.e. the largest speed-up any implementation doing the same
+  work could show here.
   """
   cfg = trainer.model_cfg
   rows = trainer.cfg.num_prompts * trainer.cfg.group_size
@@ -172,9 +177,12 @@ def _flops(trainer, beta: float, peak_gflops: float, row: dict) -> dict:
   out = {"sample": sample, "update": update, "peak_gflops": peak_gflops,
          "step_at_peak_s": at_peak,
          "rlpost_fraction_of_peak": at_peak / row["rlpost"]["median_s"]}
-  if row.get("trl"):
-    out["trl_fraction_of_peak"] = at_peak / row["trl"]["median_s"]
-    out["max_ratio_vs_trl"] = row["trl"]["median_s"] / at_peak
+  peer = row.get("baseline", "trl")
+  if row.get(peer):
+    out[f"{peer}_fraction_of_peak"] = at_peak / row[peer]["median_s"]
+    out["max_ratio_vs_peer"] = row[peer]["median_s"] / at_peak
+    if peer == "trl":
+      out["max_ratio_vs_trl"] = out["max_ratio_vs_peer"]
   return out
 
 
@@ -191,15 +199,22 @@ def run(args) -> dict:
   if args.quick:
     args.prompts, args.group_size, args.new_tokens = 4, 4, 8
   betas = [float(b) for b in args.betas.split(",")]
-  have_trl = not args.no_trl
-  if have_trl:
+  peer = args.peer
+  have_peer = not args.no_trl
+  if have_peer and peer == "tunix":
+    from scripts.benchmarks import tunix_peer
+    if not tunix_peer.available():
+      print("Tunix baseline skipped: google-tunix is not installed (the peers extra)",
+            flush=True)
+      have_peer = False
+  elif have_peer:
     try:
       import torch
       import trl  # noqa: F401
       torch.set_num_threads(args.torch_threads or os.cpu_count())
     except ImportError as e:
       print(f"TRL baseline skipped: {e}", flush=True)
-      have_trl = False
+      have_peer = False
   workdir = tempfile.mkdtemp(prefix="rlpost_bench_train_")
   peak = measure_matmul_peak(512 if args.quick else 2048, 3 if args.quick else 8)
   print(f"f32 matmul peak: {peak['gflops_best']:.1f} GFLOP/s", flush=True)
@@ -219,26 +234,35 @@ def run(args) -> dict:
     t0 = time.perf_counter()
     rlpost_step()  # compile
     compile_s = time.perf_counter() - t0
-    row = {"beta": beta, "params": trainer.model_cfg.num_params(), "compile_s": compile_s}
-    if have_trl:
+    row = {"beta": beta, "params": trainer.model_cfg.num_params(), "compile_s": compile_s,
+           "baseline": peer}
+    if have_peer and peer == "tunix":
+      tunix = tunix_peer.GRPOPeer(trainer, workdir, beta=beta, lr=1e-4, grad_clip=1.0,
+                                  clip_eps=0.2, steps=repeats + 1,
+                                  after_step=lambda: ours.append(rlpost_step()))
+      ours = []
+      tunix.train()
+      ours, theirs = ours[1:], tunix.times[1:]
+      if len(theirs) != repeats:
+        raise RuntimeError(f"Tunix ran {len(tunix.times)} steps, expected {repeats + 1}")
+      row["tunix"] = _stats(theirs)
+      row["tunix"]["version"] = tunix_peer.describe(trainer.model_cfg)["version"]
+      row["tunix"]["max_param_change"] = tunix.max_param_change()
+      row["tunix"]["split"] = _peer_split(tunix.split, theirs)
+    elif have_peer:
       inter = _Interleave(rlpost_step)
       trl_trainer = _trl_trainer(trainer, workdir, beta, args, repeats + 1, inter.callback)
       trl_trainer.train()
       ours, theirs = inter.ours[1:], inter.trl[1:]
       row["trl"] = _stats(theirs)
       row["trl"]["torch_threads"] = torch.get_num_threads()
-      gen = trl_trainer.timings["generate"][1:]
-      prep = trl_trainer.timings["generate_and_score"][1:]
-      row["trl"]["split"] = {
-          "generate_s": statistics.median(gen), "score_and_ref_s": statistics.median(
-              [p - g for p, g in zip(prep, gen)]),
-          "update_s": statistics.median([t - p for t, p in zip(theirs, prep)])}
+      row["trl"]["split"] = _peer_split(trl_trainer.timings, theirs)
     else:
       ours = [rlpost_step() for _ in range(repeats)]
-      row["trl"] = None
+      row[peer] = None
     row["rlpost"] = _stats(ours)
     row["rlpost"]["mean_response_length"] = float(np.mean(lengths))
-    row["ratio"] = row["trl"]["median_s"] / row["rlpost"]["median_s"] if have_trl else None
+    row["ratio"] = row[peer]["median_s"] / row["rlpost"]["median_s"] if have_peer else None
     row["compilations"] = trainer.num_traces
     row["flops"] = _flops(trainer, beta, peak["gflops_best"], row)
     # The time split of the rlpost step (each part compiled on its own; see profile.py).
@@ -251,24 +275,29 @@ def run(args) -> dict:
           "settings": {"quick": bool(args.quick), "prompts": args.prompts,
                        "group_size": args.group_size, "new_tokens": args.new_tokens,
                        "repeats": repeats, "betas": betas, "config": _config(args, betas[0]),
-                       "order": "alternating TRL step, rlpost step; first of each dropped"},
+                       "peer": peer,
+                       "order": f"alternating {peer} step, rlpost step; first of each dropped"},
           "results": results}
 
 
 def _print_row(row: dict, args) -> None:
-  trl_s = f"{row['trl']['median_s']:.3f} s" if row["trl"] else "-"
-  print(f"beta {row['beta']}: rlpost {row['rlpost']['median_s'] * 1e3:.1f} ms/step, TRL {trl_s}, "
+  peer = row["baseline"]
+  trl_s = f"{row[peer]['median_s']:.3f} s" if row[peer] else "-"
+  print(f"beta {row['beta']}: rlpost {row['rlpost']['median_s'] * 1e3:.1f} ms/step, {peer} {trl_s}, "
         f"{args.prompts}x{args.group_size} rollouts, mean completion "
         f"{row['rlpost']['mean_response_length']:.1f} tokens, compilations "
         f"{row['compilations']}", flush=True)
 
 
 def format_table(rows: list[dict]) -> str:
-  lines = ["| beta | rlpost ms/step (spread) | TRL ms/step (spread) | TRL / rlpost | "
-           "rlpost sample / score / update / fused | TRL generate / score+ref / update | "
+  peer = rows[0].get("baseline", "trl") if rows else "trl"
+  name = {"trl": "TRL", "tunix": "Tunix"}[peer]
+  lines = [f"| beta | rlpost ms/step (spread) | {name} ms/step (spread) | {name} / rlpost | "
+           f"rlpost sample / score / update / fused | {name} generate / score+ref / update | "
            "GFLOP | ms at peak | rlpost % of peak | bound |",
            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for r in rows:
+    r = dict(r, trl=r.get(peer))
     ours = f"{r['rlpost']['median_s'] * 1e3:,.1f} ({r['rlpost']['spread']:.0%})"
     theirs = (f"{r['trl']['median_s'] * 1e3:,.0f} ({r['trl']['spread']:.0%})" if r["trl"]
               else "-")
@@ -279,12 +308,12 @@ def format_table(rows: list[dict]) -> str:
     trl_parts = (" / ".join(f"{v * 1e3:.0f}" for v in r["trl"]["split"].values())
                  if r["trl"] else "-")
     f = r["flops"]
-    bound = f"{f['max_ratio_vs_trl']:.1f}x" if "max_ratio_vs_trl" in f else "-"
+    bound = f"{f['max_ratio_vs_peer']:.1f}x" if "max_ratio_vs_peer" in f else "-"
     lines.append(f"| {r['beta']} | {ours} | {theirs} | {ratio} | {parts} | {trl_parts} | "
                  f"{(f['sample'] + f['update']) / 1e9:.1f} | {f['step_at_peak_s'] * 1e3:.0f} | "
                  f"{f['rlpost_fraction_of_peak']:.0%} | {bound} |")
   lines.append("(split columns in ms; rlpost's parts are each compiled on their own. GFLOP: "
                "useful work of the step; at peak: its time at the measured f32 matmul peak; "
-               "bound: TRL's step over that, the most any implementation of the same work "
+               f"bound: {name}'s step over that, the most any implementation of the same work "
                "could gain here)")
   return "\n".join(lines)
