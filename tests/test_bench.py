@@ -159,3 +159,13 @@ def test_peer_tunix_missing_runs_rlpost_alone(tmp_path):
   for r in data["results"]:
     assert r["baseline"] == "tunix" and r["tunix"] is None and r["ratio"] is None
     assert r["rlpost"]["tokens_per_s"] > 0
+
+
+def test_train_packed_quick(tmp_path):
+  """``--pack-buckets`` times rlpost's padding-free update (one compilation, as padded)."""
+  data, _ = _run_bench(tmp_path, "train", "--quick", "--no-trl", "--betas", "0",
+                       "--pack-buckets", "0.5,0.875", "--data-dir", str(tmp_path / "data"))
+  assert data["settings"]["config"]["pack_buckets"] == [0.5, 0.875]
+  (row,) = data["results"]
+  assert row["compilations"] == 1 and row["trl"] is None
+  assert row["rlpost"]["median_s"] > 0 and row["split"]["update_s"] > 0

@@ -50,6 +50,9 @@ def add_args(p) -> None:
                       "GRPOLearner (the peers extra, its own environment)")
   p.add_argument("--torch-threads", type=int, default=0, help="0: os.cpu_count()")
   p.add_argument("--data-dir", default=None, help="task data directory (default: the trainer's)")
+  p.add_argument("--pack-buckets", default="",
+                 help="rlpost's padding-free update: comma list of RLConfig.pack_buckets "
+                      "fractions (empty: the padded update)")
 
 
 def _config(args, beta: float) -> dict:
@@ -60,6 +63,8 @@ def _config(args, beta: float) -> dict:
              eval_problems=0)
   if args.quick:
     cfg.update(model=dict(TOY_POLICY), num_train=200, num_test=40)
+  if getattr(args, "pack_buckets", ""):
+    cfg["pack_buckets"] = tuple(float(f) for f in args.pack_buckets.split(","))
   if args.data_dir:
     cfg["data_dir"] = args.data_dir
   return cfg
