@@ -57,18 +57,37 @@ def model_config(policy: str, attention: str) -> tfm.TransformerConfig:
 
 
 def analyse(policy: str, prompt: int, completion: int, rows: int, remat: bool, chunk: int,
-            attention: str) -> dict:
-  """Bytes of the compiled gradient pass of one micro-batch (abstract; nothing runs)."""
+            attention: str, stacked_layers: bool = False) -> dict:
+  """Bytes of the compiled gradient pass of one micro-batch (abstract; nothing runs).
+
+  ``stacked_layers``: the layers' parameters enter as one stacked [L, ...] argument and the
+  model's layers are its slices, so the remat scan reads them in place and returns their
+  gradients stacked: the plan of a model that stores its layers stacked (rlpost's layers are
+  stored one by one today, so this column describes that design, not the library)."""
   cfg = model_config(policy, attention).replace(max_seq_len=prompt + completion)
   graphdef, params = nnx.split(nnx.eval_shape(lambda: tfm.Transformer(cfg, rngs=nnx.Rngs(0))))
   spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
-  args = (params, spec((rows, prompt), jnp.int32), spec((rows, prompt), bool),
+  n = cfg.num_layers
+  if stacked_layers:
+    layers = params["layers"]
+    weights = (jax.tree.map(lambda *xs: spec((n, *xs[0].shape), xs[0].dtype),
+                            *[layers[i] for i in range(n)]),
+               nnx.State({k: v for k, v in params.items() if k != "layers"}))
+  else:
+    weights = params
+  args = (weights, spec((rows, prompt), jnp.int32), spec((rows, prompt), bool),
           spec((rows, completion), jnp.int32), spec((rows, completion), bool),
           spec((rows, completion), jnp.float32))
 
-  def loss(p, pt, pm, ct, cm, adv):
-    logp, _ = tfm.completion_scores(nnx.merge(graphdef, p), pt, pm, ct, cm,
-                                    logits_chunk=chunk, remat=remat)
+  def merged(w):
+    if not stacked_layers:
+      return nnx.merge(graphdef, w)
+    stack, rest = w
+    layers = nnx.State({i: jax.tree.map(lambda a, i=i: a[i], stack) for i in range(n)})
+    return nnx.merge(graphdef, nnx.State({**rest, "layers": layers}))
+
+  def loss(w, pt, pm, ct, cm, adv):
+    logp, _ = tfm.completion_scores(merged(w), pt, pm, ct, cm, logits_chunk=chunk, remat=remat)
     return -jnp.sum(logp * adv) / jnp.maximum(jnp.sum(cm), 1)
 
   start = time.perf_counter()
@@ -85,10 +104,12 @@ def main(argv=None) -> dict:
   args = parser.parse_args(argv)
   rows = []
   for (policy, prompt, completion, per_device, remat, chunk), names in runs().items():
-    for attention in ("xla", "blockwise"):
+    for attention, stacked in (("xla", False), ("blockwise", False), ("blockwise", True)):
       row = dict(policy=policy, prompt_tokens=prompt, completion_tokens=completion,
                  rows_per_device=per_device, remat=remat, logits_chunk=chunk, runs=names,
-                 **analyse(policy, prompt, completion, per_device, remat, chunk, attention))
+                 layers="stacked" if stacked else "stored",
+                 **analyse(policy, prompt, completion, per_device, remat, chunk, attention,
+                           stacked_layers=stacked))
       print(json.dumps(row), flush=True)
       rows.append(row)
   result = dict(command="python -m scripts.benchmarks.full_memory", backend=jax.default_backend(),
@@ -101,15 +122,18 @@ def main(argv=None) -> dict:
 
 def table(rows: list[dict]) -> str:
   lines = ["| policy | tokens (prompt + completion) | rows/device | runs | params GiB | "
-           "xla temp GiB | blockwise temp GiB |", "|---|---|---:|---|---:|---:|---:|"]
+           "xla temp GiB | blockwise temp GiB | blockwise, layers stacked, temp GiB |",
+           "|---|---|---:|---|---:|---:|---:|---:|"]
   by_key: dict[tuple, dict] = {}
   for r in rows:
     key = (r["policy"], r["prompt_tokens"], r["completion_tokens"], r["rows_per_device"])
-    by_key.setdefault(key, {"runs": r["runs"], "params": r["argument_gib"]})[r["attention"]] = (
+    column = r["attention"] + ("+stacked" if r.get("layers") == "stacked" else "")
+    by_key.setdefault(key, {"runs": r["runs"], "params": r["argument_gib"]})[column] = (
         r["temp_gib"])
   for (policy, p, c, n), v in by_key.items():
+    stacked = f"{v['blockwise+stacked']:.1f}" if "blockwise+stacked" in v else "-"
     lines.append(f"| {policy} | {p:,} + {c:,} | {n} | {', '.join(v['runs'])} | "
-                 f"{v['params']:.1f} | {v['xla']:.1f} | {v['blockwise']:.1f} |")
+                 f"{v['params']:.1f} | {v['xla']:.1f} | {v['blockwise']:.1f} | {stacked} |")
   return "\n".join(lines)
 
 
