@@ -169,3 +169,7 @@ def test_train_packed_quick(tmp_path):
   (row,) = data["results"]
   assert row["compilations"] == 1 and row["trl"] is None
   assert row["rlpost"]["median_s"] > 0 and row["split"]["update_s"] > 0
+  # The packed path ran: it reports the slots holding real tokens and the slots it computed
+  # (one of the buckets, or all of them), as shares of the padded layout.
+  ours = row["rlpost"]
+  assert 0 < ours["mean_real_tokens_share"] <= ours["mean_packed_slots_share"] <= 1

@@ -160,3 +160,29 @@ def test_packing_quick(tmp_path):
   assert rows[1]["packed_slots"] < rows[0]["packed_slots"]
   assert set(data["compile_s"]) == {"padded", "packed"}
   assert "| real tokens | bucket (share of slots) |" in stdout
+
+
+
+def test_profile_update_traces_the_update(tmp_path):
+  """scripts/benchmarks/profile_update.py on the toy setting: the trace holds the update's ops
+  (dots among them) and the stand-alone dot's FLOP rate is its FLOPs over its time."""
+  from rlpost.train import rl
+  from scripts.benchmarks import profile_update
+  from scripts.benchmarks import train as bench_train
+
+  class Quick(profile_update._Args):
+    quick, prompts, group_size, new_tokens, data_dir = True, 4, 4, 8, str(tmp_path / "data")
+
+  cfg = bench_train._config(Quick, 0.0) | {"num_prompts": 4, "group_size": 4,
+                                           "max_new_tokens": 8}
+  ms, count, wall = profile_update.profile_update(rl.make_train(cfg, log=lambda s: None),
+                                                  calls=1, top=2)
+  longest = ms.pop("longest ops")
+  assert wall > 0 and sum(ms.values()) > 0 and set(ms) == set(count)
+  assert len(longest) == 2 and longest[0][1] >= longest[1][1] > 0
+  assert all(shape != "?" for _, _, shape in longest)  # found in the compiled HLO
+  assert any("dot" in kind or "ynn" in kind for kind in ms), sorted(ms)
+  out = profile_update.mlp_dot_alone(64, 16, 32)
+  assert set(out) == {"forward x @ w", "input gradient dy @ w.T", "weight gradient x.T @ dy"}
+  for r in out.values():
+    assert r["ms"] > 0 and abs(r["gflops"] - 2 * 64 * 16 * 32 / r["ms"] / 1e6) < 1e-9

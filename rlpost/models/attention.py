@@ -289,8 +289,8 @@ def _flash_bwd(scale, res, d_out):
 
 
 def _flash_fwd_rule(scale, window, qb, kb, vb, qm, km):
-  """The forward rule, rematerialised. Inside a differentiated ``lax.scan`` (the remat scan over
-  layers) JAX otherwise kept the forward's per-tile intermediates, the masked scores and
+  """The forward rule, rematerialised. Without it, inside a differentiated ``lax.scan`` (the
+  remat scan over layers) JAX keeps the forward's per-tile intermediates, the masked scores and
   probabilities of every (query block, key block) pair, as residuals: the full [T, T] scores
   the blockwise attention exists to avoid (one 7B row of 10,240 tokens: 2 x 10.9 GiB)."""
   return jax.checkpoint(lambda *a: _flash_fwd(scale, window, *a))(qb, kb, vb, qm, km)

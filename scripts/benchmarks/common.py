@@ -12,11 +12,14 @@ import numpy as np
 from rlpost.models import transformer as tfm
 
 
-def timed(fn, sink: list):
-  """``fn`` that appends each call's wall seconds to ``sink``."""
+def timed(fn, sink: list, *, block: bool = False):
+  """``fn`` that appends each call's wall seconds to ``sink``; with ``block``, the clock stops
+  only once the arrays ``fn`` returned are computed (JAX dispatches asynchronously)."""
   def wrapper(*args, **kwargs):
     t0 = time.perf_counter()
     result = fn(*args, **kwargs)
+    if block:
+      jax.block_until_ready(result)
     sink.append(time.perf_counter() - t0)
     return result
   return wrapper

@@ -100,10 +100,22 @@ def analyse(policy: str, prompt: int, completion: int, rows: int, remat: bool, c
 
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--out", default="results/bench/full_memory.json")
+  parser.add_argument("--out", default=None, help="default: results/bench/full_memory.json, or "
+                      "results/bench/full_memory_P+C.json with --tokens")
+  parser.add_argument("--tokens", default=None, metavar="P,C",
+                      help="analyse every run's micro-batch at P prompt + C completion tokens "
+                           "instead of its own (e.g. 64,64: what does not depend on the sequence)")
   args = parser.parse_args(argv)
+  if args.tokens:
+    short = tuple(int(x) for x in args.tokens.split(","))
+    if len(short) != 2 or min(short) < 1:
+      parser.error(f"--tokens takes two positive ints P,C, got {args.tokens!r}")
+  out = args.out or ("results/bench/full_memory.json" if not args.tokens
+                     else f"results/bench/full_memory_{short[0]}+{short[1]}.json")
   rows = []
   for (policy, prompt, completion, per_device, remat, chunk), names in runs().items():
+    if args.tokens:
+      prompt, completion = short
     for attention, stacked in (("xla", False), ("blockwise", False), ("blockwise", True)):
       row = dict(policy=policy, prompt_tokens=prompt, completion_tokens=completion,
                  rows_per_device=per_device, remat=remat, logits_chunk=chunk, runs=names,
@@ -112,9 +124,10 @@ def main(argv=None) -> dict:
                            stacked_layers=stacked))
       print(json.dumps(row), flush=True)
       rows.append(row)
-  result = dict(command="python -m scripts.benchmarks.full_memory", backend=jax.default_backend(),
-                jax=jax.__version__, rows=rows)
-  with open(args.out, "w") as f:
+  command = "python -m scripts.benchmarks.full_memory" + (
+      f" --tokens {args.tokens}" if args.tokens else "")
+  result = dict(command=command, backend=jax.default_backend(), jax=jax.__version__, rows=rows)
+  with open(out, "w") as f:
     json.dump(result, f, indent=2)
   print(table(rows))
   return result

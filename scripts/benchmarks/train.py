@@ -227,13 +227,16 @@ def run(args) -> dict:
   for beta in betas:
     trainer = rl.make_train(_config(args, beta), log=lambda s: None)
     state = [trainer.init_state()]
-    lengths = []
+    lengths, shares = [], {}
 
     def rlpost_step():
       t0 = time.perf_counter()
       state[0], metrics = trainer.step(state[0])
       jax.block_until_ready((state[0], metrics))
       lengths.append(float(metrics["response_length"]))
+      for k in ("real_tokens", "packed_slots"):  # padding-free update only
+        if k in metrics:
+          shares.setdefault(k, []).append(float(metrics[k]))
       return time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -267,6 +270,8 @@ def run(args) -> dict:
       row[peer] = None
     row["rlpost"] = _stats(ours)
     row["rlpost"]["mean_response_length"] = float(np.mean(lengths))
+    # Shares of the padded slots: holding a real token, and computed by the packed update.
+    row["rlpost"].update({f"mean_{k}_share": float(np.mean(v)) for k, v in shares.items()})
     row["ratio"] = row[peer]["median_s"] / row["rlpost"]["median_s"] if have_peer else None
     row["compilations"] = trainer.num_traces
     row["flops"] = _flops(trainer, beta, peak["gflops_best"], row)
@@ -288,7 +293,8 @@ def run(args) -> dict:
 def _print_row(row: dict, args) -> None:
   peer = row["baseline"]
   trl_s = f"{row[peer]['median_s']:.3f} s" if row[peer] else "-"
-  print(f"beta {row['beta']}: rlpost {row['rlpost']['median_s'] * 1e3:.1f} ms/step, {peer} {trl_s}, "
+  print(f"beta {row['beta']}: rlpost {row['rlpost']['median_s'] * 1e3:.1f} ms/step, "
+        f"{peer} {trl_s}, "
         f"{args.prompts}x{args.group_size} rollouts, mean completion "
         f"{row['rlpost']['mean_response_length']:.1f} tokens, compilations "
         f"{row['compilations']}", flush=True)

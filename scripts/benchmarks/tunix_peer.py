@@ -153,17 +153,19 @@ class GRPOPeer:
   """Tunix's ``GRPOLearner`` set up like ``bench.py train``'s rlpost and TRL sides.
 
   The same initial policy (actor and frozen reference both loaded from rlpost's export), the
-  same prompts (Tunix prepends the tokenizer's BOS, as rlpost's prompt buffer holds it), the
+  same prompt set, taken in row order (Tunix prepends the tokenizer's BOS, as rlpost's prompt
+  buffer holds it), the
   same graded arithmetic reward through ``rlpost.tasks.arithmetic.reference_reward`` (a
   completion shorter than N tokens ended with EOS), P prompts x G completions, N new tokens at
   temperature 1 (top-p 1, no top-k), one AdamW step per batch (lr, no weight decay, global-norm
   clip), PPO clip epsilon, KL coefficient beta (Tunix skips the reference forward at 0), one
   iteration, the vanilla rollout engine sharing the actor's weights, a 1x1 mesh.
 
-  ``after_step`` is called after each global step, outside its timed window (the benchmark runs
-  one rlpost step there, so the two alternate). ``reward_fn(completion, answer)`` replaces the
-  arithmetic reward (tests use one that varies under a random policy). ``times`` holds each step's wall seconds and
-  ``split`` the generation and generation + reference + reward + advantage seconds.
+  ``after_step`` is called after each global step, outside its timed window (the benchmark
+  runs one rlpost step there, so the two alternate). ``reward_fn(completion, answer)`` replaces
+  the arithmetic reward (tests use one that varies under a random policy). ``times`` holds each
+  step's wall seconds and ``split`` the generation and generation + reference + reward +
+  advantage seconds.
   """
 
   def __init__(self, trainer, workdir, *, beta: float, lr: float, grad_clip: float,
@@ -230,9 +232,11 @@ class GRPOPeer:
         after_step()
 
     learner._run_global_step = timed_step
+    # Tunix starts the reference forward without waiting for it: block, so that its time
+    # counts as scoring and not as the update that follows.
     learner._generate_and_compute_advantage = timed(learner._generate_and_compute_advantage,
-                                                    self.split["generate_and_score"])
-    self.cluster.generate = timed(self.cluster.generate, self.split["generate"])
+                                                    self.split["generate_and_score"], block=True)
+    self.cluster.generate = timed(self.cluster.generate, self.split["generate"], block=True)
     if learner.should_sync_weights:
       raise RuntimeError("Tunix's rollout does not share the actor's weights: a weight sync "
                          "outside the timed step would go unmeasured")

@@ -227,11 +227,11 @@ def test_blockwise_gradient_needs_far_less_memory():
 def test_blockwise_keeps_no_score_tiles_under_the_remat_scan():
   """Inside the remat scan over layers, the blockwise pass's forward keeps no per-tile scores.
 
-  Without rematerialising its forward rule, JAX kept every (query block, key block) tile of the
-  masked scores and probabilities as residuals: [nq, nk, B, K, G, bq, bk] stacks, the full
+  Unless its forward rule is rematerialised, JAX keeps every (query block, key block) tile of
+  the masked scores and probabilities as residuals: [nq, nk, B, K, G, bq, bk] stacks, the full
   [T, T] scores again, and 10x the temporaries of the same model without remat. Here, 4,096
-  tokens in 8 x 8 tiles of 512: no such stack in the compiled program, and remat's temporaries
-  are below the plain pass's."""
+  tokens in 8 x 8 tiles of 512: no array holding many 512 x 512 tiles in the compiled program,
+  and remat's temporaries are below the plain pass's."""
   import re
 
   from flax import nnx
@@ -252,7 +252,9 @@ def test_blockwise_keeps_no_score_tiles_under_the_remat_scan():
 
     compiled = jax.jit(jax.grad(loss)).lower(
         jax.tree.map(lambda x: spec(x.shape, x.dtype), params)).compile()
-    assert not re.search(r"\[8,8,1,2,2,512,512\]", compiled.as_text())
+    # Any array of at least 6 dimensions ending in a 512 x 512 tile (whatever the leading
+    # block or layer axes) would be such a stack; one tile in flight is [B, K, G, 512, 512].
+    assert not re.search(r"\[(\d+,){4,}512,512\]", compiled.as_text())
     temps[remat] = compiled.memory_analysis().temp_size_in_bytes
   assert temps[True] < temps[False], temps
 
