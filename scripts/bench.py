@@ -239,7 +239,7 @@ def run_sampler(args) -> dict:
 
   baseline = None
   if args.no_transformers:
-    pass
+    baseline = None  # rlpost alone
   elif args.peer == "tunix":
     from scripts.benchmarks import tunix_peer
     if tunix_peer.available():
