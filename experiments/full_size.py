@@ -48,7 +48,10 @@ def common() -> dict:
   """A fresh dict of these shared settings."""
   return dict(
       sft_steps=0,
-      model=dict(dtype="bfloat16", param_dtype="float32"),
+      # Memory (values unchanged): blockwise attention (on GPUs "cudnn" is the fast choice of
+      # the same memory class) and layers stored stacked, which the remat scan reads in place.
+      model=dict(dtype="bfloat16", param_dtype="float32", attention="blockwise",
+                 stacked_layers=True),
       param_sharding="fsdp",
       extra_stop_tokens=("<|im_end|>",),
       temperature=1.0,
@@ -83,11 +86,12 @@ def with_memory_plan(cfg: dict, *, devices: int = DEVICES,
   at worst); otherwise this raises. Mini-batches with few divisors get smaller micro-batches
   than the bound (80 rows: 5 x 16, not 2 x 40). rollout_chunk samples
   ``rollout_rows_per_device`` rows per device at a time when that divides every sampling call.
-  Measured with XLA's memory analysis (compiled for CPU, one device, bfloat16 compute over
-  float32 parameters, remat and 512-token logits chunks): a Qwen2.5-Math-1.5B training row of
-  512 + 3,072 tokens needs 3.0 GiB beyond a fixed 13 GiB (parameters, their gradients and the
-  stacked layer copy), a GSM8K row of 512 + 1,024 tokens 1.0 GiB; without remat and chunks a
-  3,584-token row needed 69 GiB.
+  Measured with XLA's memory analysis (compiled for CPU, one device, the settings of
+  ``common``: bfloat16 compute over float32 parameters, remat, 512-token logits chunks,
+  blockwise attention, layers stored stacked; ``python -m scripts.benchmarks.full_memory``):
+  a micro-batch of 4 Qwen2.5-Math-1.5B rows of 512 + 3,072 tokens plans 7.9 GiB of temporaries
+  and one of 4 GSM8K rows of 512 + 1,024 tokens 6.3 GiB, beyond the parameters and their
+  gradients (5.8 + 5.8 GiB); without remat and chunks a 3,584-token row needed 69 GiB.
   """
   out = dict(cfg)
   rows = cfg["num_prompts"] * cfg["group_size"] + cfg.get("dars_budget", 0)

@@ -88,11 +88,15 @@ def shard_batch(tree: Any, mesh: Mesh) -> Any:
   return jax.tree.map(place, tree)
 
 
-def param_spec(shape: tuple[int, ...], fsdp_size: int, *, min_size: int = 2 ** 14) -> P:
-  """FSDP rule: shard the largest dimension divisible by the fsdp size; small arrays replicate."""
+def param_spec(shape: tuple[int, ...], fsdp_size: int, *, min_size: int = 2 ** 14,
+               skip: int = 0) -> P:
+  """FSDP rule: shard the largest dimension divisible by the fsdp size; small arrays replicate.
+
+  ``skip``: leading dimensions never sharded (1 for the layer axis of layers stored stacked,
+  which the layer scan slices one entry at a time)."""
   if fsdp_size == 1 or int(np.prod(shape, dtype=np.int64)) < min_size:
     return P()
-  order = sorted(range(len(shape)), key=lambda i: -shape[i])
+  order = sorted(range(skip, len(shape)), key=lambda i: -shape[i])
   for i in order:
     if shape[i] % fsdp_size == 0:
       spec = [None] * len(shape)
@@ -101,14 +105,24 @@ def param_spec(shape: tuple[int, ...], fsdp_size: int, *, min_size: int = 2 ** 1
   return P()
 
 
+def _stacked_layer(path) -> bool:
+  """Whether a parameter path is under ``layers`` stored stacked (``layers/attn/...``, with no
+  layer index after ``layers``)."""
+  keys = [getattr(k, "key", getattr(k, "idx", getattr(k, "name", None))) for k in path]
+  return any(k == "layers" and i + 1 < len(keys) and isinstance(keys[i + 1], str)
+             for i, k in enumerate(keys))
+
+
 def param_shardings(params: Any, mesh: Mesh, *, mode: str = "replicate",
                     min_size: int = 2 ** 14) -> Any:
-  """NamedShardings for a parameter pytree: ``replicate`` or ``fsdp``."""
+  """NamedShardings for a parameter pytree: ``replicate`` or ``fsdp`` (``param_spec``; the
+  layer axis of layers stored stacked stays whole)."""
   if mode not in ("replicate", "fsdp"):
     raise ValueError(f"sharding mode must be 'replicate' or 'fsdp', got {mode!r}")
   size = mesh.shape[FSDP] if mode == "fsdp" else 1
-  return jax.tree.map(
-      lambda x: NamedSharding(mesh, param_spec(tuple(x.shape), size, min_size=min_size)), params)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: NamedSharding(mesh, param_spec(tuple(x.shape), size, min_size=min_size,
+                                                     skip=int(_stacked_layer(path)))), params)
 
 
 def shard_params(params: Any, mesh: Mesh, *, mode: str = "replicate", min_size: int = 2 ** 14) -> Any:

@@ -10,6 +10,7 @@
   python scripts/bench.py lora --out lora.json          # LoRA vs full fine-tuning: memory, time
   python scripts/bench.py seeds --out seeds.json        # K seeds vmapped in one program vs one
   python scripts/bench.py packing --out packing.json    # padded vs packed update vs padding
+  python scripts/bench.py layers --out layers.json      # layers stored stacked vs one by one
 
 Every subcommand takes ``--quick`` (toy size, seconds; the test suite runs each). The
 subcommands other than ``sampler`` and ``ablate`` live in ``scripts/benchmarks/`` (their module
@@ -67,6 +68,7 @@ from rlpost import sampling  # noqa: E402
 from rlpost.cli import run_main  # noqa: E402
 from rlpost.models import transformer as tfm  # noqa: E402
 from scripts.benchmarks import averaging as bench_averaging  # noqa: E402
+from scripts.benchmarks import layers as bench_layers  # noqa: E402
 from scripts.benchmarks import lora as bench_lora  # noqa: E402
 from scripts.benchmarks import packing as bench_packing  # noqa: E402
 from scripts.benchmarks.common import (  # noqa: E402
@@ -546,6 +548,8 @@ COMMANDS = {
              "LoRA vs full fine-tuning on one model: parameters, optimizer state, update time"),
     "seeds": (bench_seeds.add_args, bench_seeds.run,
               "K seeds of the GRPO step vmapped in one program vs one seed: time, memory"),
+    "layers": (bench_layers.add_args, bench_layers.run,
+               "layers stored stacked vs one by one: the GRPO step and the sampler"),
     "packing": (bench_packing.add_args, bench_packing.run,
                 "the policy-gradient pass padded vs packed, against the share of padding"),
     "sampler": (add_sampler_args, run_sampler,

@@ -1,4 +1,5 @@
-"""scripts/benchmarks/averaging.py, roundtrip.py and lora.py: quick runs write the documented JSON.
+"""The benchmarks of scripts/benchmarks/ (averaging, roundtrip, lora, seeds, packing,
+profile_update, layers): quick runs write the documented JSON.
 
 Each benchmark's ``run`` is called in a fresh interpreter (the round-trip benchmark counts XLA
 compilations, which needs a process whose jit caches start empty). No timing assertions: the
@@ -186,3 +187,17 @@ def test_profile_update_traces_the_update(tmp_path):
   assert set(out) == {"forward x @ w", "input gradient dy @ w.T", "weight gradient x.T @ dy"}
   for r in out.values():
     assert r["ms"] > 0 and abs(r["gflops"] - 2 * 64 * 16 * 32 / r["ms"] / 1e6) < 1e-9
+
+
+def test_layers_quick(tmp_path):
+  """bench.py layers --quick: stored against stacked layers, one row per program, in the
+  documented fields (the two trainers start from the same weights: the benchmark asserts it)."""
+  data, stdout = _run(tmp_path, "layers", "--quick", "--data-dir", str(tmp_path / "data"))
+  assert data["benchmark"] == "layers" and data["settings"]["quick"]
+  rows = data["results"]
+  assert [r["what"].split(",")[0] for r in rows] == ["GRPO step", "GRPO step", "sampler"]
+  for r in rows:
+    assert r["stored_s"] > 0 and r["stacked_s"] > 0
+    assert r["stacked_over_stored"] == pytest.approx(r["stacked_s"] / r["stored_s"])
+  assert "| what | stored ms | stacked ms | stacked / stored | per round" in stdout
+  assert all(len(r["paired_ratios"]) == data["settings"]["repeats"] for r in rows)

@@ -55,17 +55,20 @@ def char_run(tmp_path_factory):
   return _train(str(root / "run"), cfg)
 
 
-@pytest.fixture(scope="module")
-def policy_run(tmp_path_factory):
-  root = tmp_path_factory.mktemp("export_policy")
+def _policy_run(root, **kw) -> dict:
   policy = hpt.write_policy(root / "tiny-qwen2", texts=[math_data.QWEN_MATH_TEMPLATE])
   data = hpt.write_math_data(root / "data")
   cfg = dict(task="math", task_spec=data["math"], policy=policy, sft_steps=0, max_new_tokens=8,
              num_prompts=2, group_size=2, steps=2, eval_every=100, eval_problems=1,
              eval_samples=1, eval_batch=8, checkpoint_every=1, lr=0.05, weight_decay=0.5,
              extra_stop_tokens=("<|im_end|>",), data_dir=str(root / "tfds"),
-             cache_dir=str(root / "cache"))
+             cache_dir=str(root / "cache"), **kw)
   return dict(_train(str(root / "run"), cfg), policy=policy)
+
+
+@pytest.fixture(scope="module")
+def policy_run(tmp_path_factory):
+  return _policy_run(tmp_path_factory.mktemp("export_policy"))
 
 
 def export(*argv) -> None:
@@ -229,6 +232,23 @@ def test_policy_run_keeps_tokenizer_and_token_ids(policy_run, tmp_path):
   assert (hf_tok.eos_token_id, hf_tok.pad_token_id) == (endoftext, endoftext)
   np.testing.assert_allclose(_hf_logits(model, ids), _rlpost_logits(tr.graphdef, params, ids),
                              atol=1e-4, rtol=1e-4)
+
+
+def test_stacked_policy_run_exports_its_weights(tmp_path_factory, tmp_path):
+  """A run with model={"stacked_layers": true} checkpoints stacked layers; its export holds
+  each layer's trained tensors, loadable with the layers stored either way."""
+  run = _policy_run(tmp_path_factory.mktemp("export_stacked"), model={"stacked_layers": True})
+  tr, params = run["trainer"], run["state"].params
+  assert tr.policy.model_cfg.stacked_layers
+  assert params["layers"]["attn"]["q_proj"]["kernel"].ndim == 3
+  moved = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+              for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(tr.ref_params)))
+  assert moved > 1e-3
+  out = tmp_path / "hf"
+  export(run["run_dir"], "--out", out)
+  _assert_params_equal(hf.load_pretrained(out, stacked_layers=True), params)
+  stored = tfm.with_layers_stacked(nnx.merge(tr.policy.graphdef, params), False)
+  _assert_params_equal(hf.load_pretrained(out), nnx.state(stored))
 
 
 def test_save_pretrained_keeps_special_ids_and_copies_tokenizer(tmp_path):

@@ -437,6 +437,7 @@ class _Entry:
   hf_name: str
   path: tuple  # NNX state path
   transpose: bool  # Linear kernel: HF [out, in] <-> NNX [in, out]
+  layer: int | None = None  # with layers stored stacked: the tensor is path's slice [layer]
 
 
 def _param_map(cfg: TransformerConfig) -> list[_Entry]:
@@ -447,6 +448,9 @@ def _param_map(cfg: TransformerConfig) -> list[_Entry]:
     entries.append(_Entry("lm_head.weight", ("lm_head", "kernel"), True))
   for i in range(cfg.num_layers):
     pre = f"model.layers.{i}."
+    # Layers stored stacked share one path per tensor kind; the layer is an index into it.
+    at, layer = (("layers",), i) if cfg.stacked_layers else (("layers", i), None)
+    entry = lambda name, path, transpose: _Entry(name, at + path, transpose, layer)  # noqa: E731
     # The norm before the MLP is post_attention_layernorm in Llama's layout and
     # pre_feedforward_layernorm in Gemma's, whose post_attention_layernorm normalises the
     # attention output.
@@ -457,20 +461,17 @@ def _param_map(cfg: TransformerConfig) -> list[_Entry]:
                    post_feedforward_layernorm="mlp_out_norm")
     else:
       norms["post_attention_layernorm"] = "post_attn_norm"
-    entries += [_Entry(f"{pre}{name}.weight", ("layers", i, attr, "scale"), False)
+    entries += [entry(f"{pre}{name}.weight", (attr, "scale"), False)
                 for name, attr in norms.items()]
     for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-      entries.append(_Entry(f"{pre}self_attn.{proj}.weight",
-                            ("layers", i, "attn", proj, "kernel"), True))
+      entries.append(entry(f"{pre}self_attn.{proj}.weight", ("attn", proj, "kernel"), True))
       if cfg.o_bias if proj == "o_proj" else cfg.qkv_bias:
-        entries.append(_Entry(f"{pre}self_attn.{proj}.bias",
-                              ("layers", i, "attn", proj, "bias"), False))
+        entries.append(entry(f"{pre}self_attn.{proj}.bias", ("attn", proj, "bias"), False))
     if cfg.qk_norm:
-      entries += [_Entry(f"{pre}self_attn.{n}.weight", ("layers", i, "attn", n, "scale"), False)
+      entries += [entry(f"{pre}self_attn.{n}.weight", ("attn", n, "scale"), False)
                   for n in ("q_norm", "k_norm")]
     for proj in ("gate_proj", "up_proj", "down_proj"):
-      entries.append(_Entry(f"{pre}mlp.{proj}.weight", ("layers", i, "mlp", proj, "kernel"),
-                            True))
+      entries.append(entry(f"{pre}mlp.{proj}.weight", ("mlp", proj, "kernel"), True))
   return entries
 
 
@@ -538,7 +539,8 @@ def _weight_files(path: Path) -> dict[str, Path]:
 
 
 def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32",
-                    param_dtype: str | None = None, attention: str = "xla") -> Transformer:
+                    param_dtype: str | None = None, attention: str = "xla",
+                    stacked_layers: bool = False) -> Transformer:
   """Load a Hugging Face checkpoint directory of a supported architecture into a ``Transformer``.
 
   Args:
@@ -548,6 +550,8 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32",
     param_dtype: dtype the parameters are cast to (defaults to ``dtype``), whatever dtype the
       checkpoint stores.
     attention: ``TransformerConfig.attention`` (how uncached passes attend; not in the files).
+    stacked_layers: ``TransformerConfig.stacked_layers``: the layers' tensors are stacked
+      into one [num_layers, ...] parameter each (the files are the same either way).
 
   The module is built abstractly (``nnx.eval_shape``), so no random initialisation runs.
   Raises ValueError naming the tensor(s) for missing or unexpected tensors and for shape
@@ -556,7 +560,7 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32",
   """
   path = Path(path)
   config = config_from_hf(read_json(path / CONFIG_NAME), dtype=dtype, param_dtype=param_dtype)
-  config = config.replace(attention=attention)
+  config = config.replace(attention=attention, stacked_layers=bool(stacked_layers))
   files = _weight_files(path)
   entries = _param_map(config)
   expected = {e.hf_name for e in entries}
@@ -585,10 +589,12 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32",
   for e in entries:
     by_file.setdefault(files[e.hf_name], []).append(e)
   arrays: dict[tuple, jax.Array] = {}
+  slices: dict[tuple, dict[int, np.ndarray]] = {}  # stacked paths: layer -> its tensor
   for file, file_entries in by_file.items():
     with _open_safetensors(file) as f:
       for e in file_entries:
-        want = _hf_shape(abstract_flat[e.path].shape, e.transpose)
+        shape = abstract_flat[e.path].shape
+        want = _hf_shape(shape if e.layer is None else shape[1:], e.transpose)
         sl = f.get_slice(e.hf_name)
         found = tuple(sl.get_shape())
         if found != want:
@@ -600,7 +606,13 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32",
         x = f.get_tensor(e.hf_name)
         if e.transpose:
           x = x.T
-        arrays[e.path] = jnp.asarray(np.ascontiguousarray(x.astype(target, copy=False)))
+        x = np.ascontiguousarray(x.astype(target, copy=False))
+        if e.layer is None:
+          arrays[e.path] = jnp.asarray(x)
+        else:
+          slices.setdefault(e.path, {})[e.layer] = x
+  for path_, by_layer in slices.items():
+    arrays[path_] = jnp.asarray(np.stack([by_layer.pop(i) for i in range(len(by_layer))]))
 
   flat = [(p, var.replace(arrays[p])) for p, var in abstract_flat.items()]
   return nnx.merge(graphdef, nnx.from_flat_state(flat))
@@ -712,7 +724,8 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, *,
   flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
   tensors: dict[str, np.ndarray] = {}
   for e in _param_map(cfg):
-    x = np.asarray(jax.device_get(flat[e.path][...]))
+    x = np.asarray(jax.device_get(flat[e.path][...] if e.layer is None
+                                  else flat[e.path][...][e.layer]))
     tensors[e.hf_name] = np.ascontiguousarray(x.T if e.transpose else x)
 
   path.parent.mkdir(parents=True, exist_ok=True)

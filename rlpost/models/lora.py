@@ -29,6 +29,7 @@ factors is not the average of the products (``mean(A_i) mean(B_i) != mean(A_i B_
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -116,8 +117,10 @@ def apply(model: nnx.Module, cfg: LoraConfig) -> nnx.Module:
   ``nnx.Linear`` of ``model``, in place; returns ``model``.
 
   Every layer gets the same adapters, so the layers keep one graph structure (the scan of
-  ``Transformer.hidden(remat=True)`` needs that). Raises ValueError if a target matches no
-  linear (``lm_head`` of a model with tied embeddings) or the model already has adapters.
+  ``Transformer.hidden(remat=True)`` needs that); layers stored stacked get stacked adapters
+  ([L, din, r] and [L, r, dout]), each layer's A drawn from a key of its own. Raises
+  ValueError if a target matches no linear (``lm_head`` of a model with tied embeddings) or
+  the model already has adapters.
   """
   found = _targeted(model, cfg.targets)
   missing = sorted(set(cfg.targets) - {path[-1] for path, _ in found})
@@ -128,9 +131,16 @@ def apply(model: nnx.Module, cfg: LoraConfig) -> nnx.Module:
   for path, layer in found:
     if getattr(layer, ADAPTER, None) is not None:
       raise ValueError(f"{'/'.join(map(str, path))} already has a LoRA adapter")
-    setattr(layer, ADAPTER, Adapter(layer.in_features, cfg.rank, layer.out_features,
-                                    scale=cfg.scale, dtype=layer.dtype,
-                                    param_dtype=layer.param_dtype, rngs=rngs))
+    make = functools.partial(Adapter, layer.in_features, cfg.rank, layer.out_features,
+                             scale=cfg.scale, dtype=layer.dtype, param_dtype=layer.param_dtype)
+    if layer.kernel.ndim == 3:  # layers stored stacked: one adapter per layer, stacked too
+      graphdef = nnx.graphdef(nnx.eval_shape(lambda make=make: make(rngs=nnx.Rngs(0))))
+      keys = jax.random.split(rngs.params(), layer.kernel.shape[0])
+      adapter = nnx.merge(graphdef, jax.vmap(lambda k, make=make: nnx.state(
+          make(rngs=nnx.Rngs(k))))(keys))
+    else:
+      adapter = make(rngs=rngs)
+    setattr(layer, ADAPTER, adapter)
   return model
 
 

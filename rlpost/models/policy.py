@@ -52,7 +52,7 @@ class Policy:
   @classmethod
   def from_hf(cls, path: str, *, dtype: str = "float32", param_dtype: str | None = None,
               max_seq_len: int | None = None, extra_stop_tokens: Sequence[str] = (),
-              attention: str = "xla",
+              attention: str = "xla", stacked_layers: bool = False,
               what: str = "config key 'policy'") -> "Policy":
     """A Hugging Face checkpoint directory and its tokenizer; errors name ``what`` and ``path``."""
     from rlpost.models import hf
@@ -62,7 +62,8 @@ class Policy:
                               "checkpoint: config.json, *.safetensors, tokenizer.json)")
     try:
       tok = hf.load_tokenizer(path)
-      model = hf.load_pretrained(path, dtype=dtype, param_dtype=param_dtype, attention=attention)
+      model = hf.load_pretrained(path, dtype=dtype, param_dtype=param_dtype, attention=attention,
+                                 stacked_layers=stacked_layers)
     except (FileNotFoundError, ValueError) as e:
       raise type(e)(f"{what} ({path}): {e}") from None
     if not tok.eos_ids:

@@ -28,6 +28,12 @@ position is its rank among the keys that the last query row of ``attn_mask`` see
 positions ``positions_from_mask`` and the sampler give); the cache keeps every slot. The cache is a plain pytree that
 travels through ``jit`` and ``lax.while_loop``; ``nnx.split`` turns the module into a
 ``(graphdef, params)`` pair whose params are an ordinary jit argument.
+
+Layer storage (``stacked_layers``): ``Transformer.layers`` is a list of ``Block``s, or one
+``Block`` whose parameters carry a leading [L] axis. Uncached passes over stacked layers scan
+over them (the weights read in place, their gradients written stacked); cached passes run
+each layer on its slice. ``with_layers_stacked`` converts a model either way (same weights),
+``Transformer.layer(i)`` gives layer i as a module either way.
 """
 
 from __future__ import annotations
@@ -110,6 +116,11 @@ class TransformerConfig:
   # Attention of passes without a KV cache (training, scoring): "xla" (materialised scores),
   # "blockwise" (flash attention, memory O(T)) or "cudnn" (GPUs); see rlpost.models.attention.
   attention: str = "xla"
+  # Layers stored stacked: ``Transformer.layers`` is one ``Block`` whose parameters have a
+  # leading [num_layers] axis, and uncached passes scan over it (``Transformer.hidden``). The
+  # same function as layers stored one by one; the gradient pass reads the weights in place
+  # and writes their gradients stacked, with no per-layer copies (what full-size runs need).
+  stacked_layers: bool = False
 
   def __post_init__(self):
     if isinstance(self.rope_scaling, dict):
@@ -465,7 +476,10 @@ class Transformer(nnx.Module):
     self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype,
                            param_dtype=cfg.params_dtype,
                            embedding_init=nnx.initializers.normal(cfg.init_std), rngs=rngs)
-    self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    if cfg.stacked_layers:
+      self.layers = stacked_blocks(cfg, rngs.params())
+    else:
+      self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
     self.final_norm = _norm(cfg, cfg.hidden_size, rngs)
     if not cfg.tie_embeddings:
       self.lm_head = _dense(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)
@@ -532,34 +546,50 @@ class Transformer(nnx.Module):
       return pick(*masks), jax.tree.map(pick, *tables), window
 
     new_cache = []
-    if remat and cache is None:
-      # A scan over the layers' stacked parameters with a checkpointed body: the backward scan
-      # recomputes one layer at a time, so only the L layer inputs stay live, whatever the
-      # backend's scheduler (with a Python loop of checkpointed layers XLA:CPU hoisted the
-      # recomputations and kept every layer's activations).
-      graphdef = nnx.split(self.layers[0])[0]
-      stacked = jax.tree.map(lambda *xs: jnp.stack(xs),
-                             *[nnx.split(layer)[1] for layer in self.layers])
+    if cache is None and (remat or cfg.stacked_layers):
+      # A scan over the layers' stacked parameters (with a checkpointed body under remat: the
+      # backward scan recomputes one layer at a time, so only the L layer inputs stay live,
+      # whatever the backend's scheduler; with a Python loop of checkpointed layers XLA:CPU
+      # hoisted the recomputations and kept every layer's activations). Layers stored one by
+      # one are stacked here, a copy of their weights (and of their gradients) per pass.
+      # Without remat the loop is unrolled: every activation is kept either way, and the
+      # rolled loop was 13% slower on CPU (``bench.py layers``).
+      graphdef, stacked = self.stacked_state()
       mixed = len(set(local)) > 1 and (cfg.windowed or cfg.local_rope)
 
-      @jax.checkpoint
       def run(x, xs):
         state, is_local = xs
         mask, cs, window = inputs(is_local if mixed else local[0])
         return nnx.merge(graphdef, state)(x, positions, mask, None, cache_index, cs,
                                           window, segments)[0], None
 
-      x, _ = jax.lax.scan(run, x, (stacked, jnp.asarray(local)))
-      new_cache = [None] * len(self.layers)
+      x, _ = jax.lax.scan(jax.checkpoint(run) if remat else run, x,
+                          (stacked, jnp.asarray(local)), unroll=1 if remat else True)
     else:
-      for i, layer in enumerate(self.layers):
+      for i in range(cfg.num_layers):
         mask, cs, window = inputs(local[i])
-        x, c = layer(x, positions, mask, None if cache is None else cache[i], cache_index, cs,
-                     window, segments)
+        x, c = self.layer(i)(x, positions, mask, None if cache is None else cache[i],
+                             cache_index, cs, window, segments)
         new_cache.append(c)
     if select is not None:
       x = jnp.take_along_axis(x, select[..., None], axis=1)
     return self.final_norm(x), (None if cache is None else tuple(new_cache))
+
+  def stacked_state(self) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graphdef of one layer, the layers' state with a leading [num_layers] axis): the
+    layers' own state when stored stacked, else their states stacked (a copy)."""
+    if self.cfg.stacked_layers:
+      return nnx.split(self.layers)
+    graphdef = nnx.split(self.layers[0])[0]
+    return graphdef, jax.tree.map(lambda *xs: jnp.stack(xs),
+                                  *[nnx.split(layer)[1] for layer in self.layers])
+
+  def layer(self, i: int) -> "Block":
+    """Layer ``i`` as a module of its own (a slice of the stacked layers, or the stored one)."""
+    if not self.cfg.stacked_layers:
+      return self.layers[i]
+    graphdef, stacked = nnx.split(self.layers)
+    return nnx.merge(graphdef, jax.tree.map(lambda a: a[i], stacked))
 
   def logits(self, h: jax.Array) -> jax.Array:
     """LM-head logits in float32: [..., E] -> [..., V]."""
@@ -572,6 +602,32 @@ class Transformer(nnx.Module):
   def __call__(self, tokens, positions, attn_mask, cache: KVCache | None = None, cache_index=0):
     h, cache = self.hidden(tokens, positions, attn_mask, cache, cache_index)
     return self.logits(h), cache
+
+
+def stacked_blocks(cfg: TransformerConfig, key: jax.Array) -> Block:
+  """One ``Block`` whose parameters have a leading [num_layers] axis, layer i initialised
+  from the i-th of ``num_layers`` keys split from ``key``."""
+  graphdef = nnx.graphdef(nnx.eval_shape(lambda: Block(cfg, rngs=nnx.Rngs(0))))
+  keys = jax.random.split(key, cfg.num_layers)
+  state = jax.vmap(lambda k: nnx.state(Block(cfg, rngs=nnx.Rngs(k))))(keys)
+  return nnx.merge(graphdef, state)
+
+
+def with_layers_stacked(model: Transformer, stacked: bool = True) -> Transformer:
+  """``model`` with its layers stored stacked (``stacked``) or one by one: the same function
+  and weights (adapters included), ``cfg.stacked_layers`` set to match. Returns ``model``
+  itself when it already stores them so; otherwise a new module sharing the other weights."""
+  cfg = model.cfg
+  if cfg.stacked_layers == stacked:
+    return model
+  new = nnx.merge(*nnx.split(model))
+  if stacked:
+    graphdef, state = model.stacked_state()
+    new.layers = nnx.merge(graphdef, state)
+  else:
+    new.layers = nnx.List([model.layer(i) for i in range(cfg.num_layers)])
+  new.cfg = cfg.replace(stacked_layers=stacked)
+  return new
 
 
 def window_mask(attn_mask: jax.Array, positions: jax.Array, window: int,

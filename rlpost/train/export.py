@@ -166,6 +166,7 @@ def model_config(plan: ExportPlan, log: Callable[[str], None] = print
     source = hf.read_json(os.path.join(plan.policy, hf.CONFIG_NAME))
     cfg = hf.config_from_hf(source, dtype=model.get("dtype", "float32"),
                             param_dtype=model.get("param_dtype"))
+    cfg = cfg.replace(stacked_layers=bool(model.get("stacked_layers", False)))
     return cfg, hf.architecture_of(source)
   run_cfg = config_lib.from_dict(RLConfig, plan.config,
                                  where=os.path.join(plan.run_dir, CONFIG_FILE))

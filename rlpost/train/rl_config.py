@@ -27,7 +27,7 @@ DEFAULT_SFT_STEPS = 500
 DEFAULT_MODEL = dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=4,
                      intermediate_size=512, max_seq_len=64)
 # The ``model`` keys that still apply with a Hugging Face policy (its config.json fixes the rest).
-POLICY_MODEL_KEYS = ("dtype", "param_dtype", "max_seq_len", "attention")
+POLICY_MODEL_KEYS = ("dtype", "param_dtype", "max_seq_len", "attention", "stacked_layers")
 # The optional recipe inputs the trainer computes: sampler log-probs, its own log-probs of the
 # sampling parameters, the reference policy's, per-token entropy (for the chain and the loss)
 # and a PRNG key for the chain.
@@ -176,6 +176,9 @@ class RLConfig:
     if self.model.get("attention", "xla") not in impls:
       raise ValueError(f"config key 'model': attention must be one of {list(impls)} (got "
                        f"{self.model['attention']!r})")
+    if not isinstance(self.model.get("stacked_layers", False), bool):
+      raise ValueError("config key 'model': stacked_layers must be true or false (got "
+                       f"{self.model['stacked_layers']!r})")
     for key in ("lr", "sft_lr", "b1", "b2", "weight_decay", "grad_clip", "temperature", "top_p",
                 "guard_truncated", "guard_logp_mismatch"):
       need(math.isfinite(getattr(self, key)), key, "must be a finite number")
@@ -315,7 +318,8 @@ HELP = {
     "policy": "a local Hugging Face checkpoint directory; '' is the built-in character model",
     "extra_stop_tokens": "with a policy: token strings that end a completion besides its eos ids",
     "model": "TransformerConfig fields of the character model; with a policy only dtype, "
-             "param_dtype, max_seq_len and attention ('xla' | 'blockwise' | 'cudnn')",
+             "param_dtype, max_seq_len, attention ('xla' | 'blockwise' | 'cudnn') and "
+             "stacked_layers (layers as one [L, ...] tensor each, scanned: full-size runs)",
     "model_seed": "seed of the character model's initialisation",
     "sft_steps": "SFT warm-start steps of the character model (unset: 500; 0 with a policy)",
     "sft_batch_size": "SFT warm-start batch size",

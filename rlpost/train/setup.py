@@ -42,6 +42,7 @@ def build(cfg: RLConfig, log: Callable[[str], None], *, progress: bool = True) -
                             param_dtype=cfg.model.get("param_dtype"),
                             max_seq_len=cfg.model.get("max_seq_len"),
                             attention=cfg.model.get("attention", "xla"),
+                            stacked_layers=cfg.model.get("stacked_layers", False),
                             extra_stop_tokens=cfg.extra_stop_tokens)
   tok = policy.tokenizer if policy else CharTokenizer()
   records = task.load(log)
@@ -152,16 +153,19 @@ def _character_policy(cfg: RLConfig, records: dict, tp: int, log,
   warm-started on the train split (cached under ``cache_dir`` by content)."""
   tok = CharTokenizer()
   model_cfg, max_new = _character_config(cfg, records, tp)
-  policy = Policy.character(model_cfg, seed=cfg.model_seed)
-  if cfg.sft_steps == 0:
-    return policy, max_new
-  sft_cfg = sft.SFTConfig(steps=cfg.sft_steps, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
-                          seed=cfg.model_seed)
-  # The SFT data: the task's train records, less prompts dropped by max_prompt_tokens.
-  dropped = [cfg.max_prompt_tokens] if cfg.max_prompt_tokens else []
-  key = sft.cache_key(policy.model_cfg, sft_cfg, cfg.task, cfg.task_spec, cfg.num_train,
-                      cfg.num_test, cfg.data_seed, cfg.model_seed, *dropped)
+  # Layer storage changes how the weights are held, not the function: the model is initialised
+  # and warm-started with its layers stored one by one (the same weights and SFT cache either
+  # way) and restacked after.
+  stacked = model_cfg.stacked_layers
+  policy = Policy.character(model_cfg.replace(stacked_layers=False), seed=cfg.model_seed)
   model = policy.model()
-  sft.cached_sft(model, records["train"], tok, sft_cfg, cfg.cache_dir, key, log=log,
-                 progress=progress)
-  return Policy.from_model(model, tok), max_new
+  if cfg.sft_steps:
+    sft_cfg = sft.SFTConfig(steps=cfg.sft_steps, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
+                            seed=cfg.model_seed)
+    # The SFT data: the task's train records, less prompts dropped by max_prompt_tokens.
+    dropped = [cfg.max_prompt_tokens] if cfg.max_prompt_tokens else []
+    key = sft.cache_key(policy.model_cfg, sft_cfg, cfg.task, cfg.task_spec, cfg.num_train,
+                        cfg.num_test, cfg.data_seed, cfg.model_seed, *dropped)
+    sft.cached_sft(model, records["train"], tok, sft_cfg, cfg.cache_dir, key, log=log,
+                   progress=progress)
+  return Policy.from_model(tfm.with_layers_stacked(model, stacked), tok), max_new

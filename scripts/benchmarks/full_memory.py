@@ -3,7 +3,8 @@
 For each distinct (policy, prompt + completion length, rows per device) of the full-size
 configurations, XLA's memory analysis of the policy-gradient pass (``jax.grad`` of a loss over
 ``completion_scores`` with the run's remat and LM-head chunks) is read off the compiled program,
-once with ``attention="xla"`` and once with ``attention="blockwise"``. Nothing runs: the inputs
+with ``attention="xla"`` and ``"blockwise"``, and with the layers stored one by one and stacked
+(``stacked_layers``; the full-size configurations use blockwise attention and stacked layers). Nothing runs: the inputs
 are abstract (``jax.ShapeDtypeStruct``) and the model is built with ``nnx.eval_shape``.
 
 Reported per program: the parameter bytes (arguments), the gradient bytes (outputs) and XLA's
@@ -17,7 +18,9 @@ its own buffers, so these are estimates of the same program, not device measurem
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
+import itertools
 import json
 import time
 
@@ -60,31 +63,18 @@ def analyse(policy: str, prompt: int, completion: int, rows: int, remat: bool, c
             attention: str, stacked_layers: bool = False) -> dict:
   """Bytes of the compiled gradient pass of one micro-batch (abstract; nothing runs).
 
-  ``stacked_layers``: the layers' parameters enter as one stacked [L, ...] argument and the
-  model's layers are its slices, so the remat scan reads them in place and returns their
-  gradients stacked: the plan of a model that stores its layers stacked (rlpost's layers are
-  stored one by one today, so this column describes that design, not the library)."""
-  cfg = model_config(policy, attention).replace(max_seq_len=prompt + completion)
+  ``stacked_layers``: ``TransformerConfig.stacked_layers`` (layers stored as one [L, ...]
+  parameter each, which the remat scan reads in place and whose gradients it writes stacked);
+  otherwise layers stored one by one, which the scan stacks (a copy of the weights in, and of
+  their gradients out)."""
+  cfg = model_config(policy, attention).replace(max_seq_len=prompt + completion,
+                                                stacked_layers=stacked_layers)
   graphdef, params = nnx.split(nnx.eval_shape(lambda: tfm.Transformer(cfg, rngs=nnx.Rngs(0))))
   spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
-  n = cfg.num_layers
-  if stacked_layers:
-    layers = params["layers"]
-    weights = (jax.tree.map(lambda *xs: spec((n, *xs[0].shape), xs[0].dtype),
-                            *[layers[i] for i in range(n)]),
-               nnx.State({k: v for k, v in params.items() if k != "layers"}))
-  else:
-    weights = params
-  args = (weights, spec((rows, prompt), jnp.int32), spec((rows, prompt), bool),
+  args = (params, spec((rows, prompt), jnp.int32), spec((rows, prompt), bool),
           spec((rows, completion), jnp.int32), spec((rows, completion), bool),
           spec((rows, completion), jnp.float32))
-
-  def merged(w):
-    if not stacked_layers:
-      return nnx.merge(graphdef, w)
-    stack, rest = w
-    layers = nnx.State({i: jax.tree.map(lambda a, i=i: a[i], stack) for i in range(n)})
-    return nnx.merge(graphdef, nnx.State({**rest, "layers": layers}))
+  merged = functools.partial(nnx.merge, graphdef)
 
   def loss(w, pt, pm, ct, cm, adv):
     logp, _ = tfm.completion_scores(merged(w), pt, pm, ct, cm, logits_chunk=chunk, remat=remat)
@@ -116,7 +106,7 @@ def main(argv=None) -> dict:
   for (policy, prompt, completion, per_device, remat, chunk), names in runs().items():
     if args.tokens:
       prompt, completion = short
-    for attention, stacked in (("xla", False), ("blockwise", False), ("blockwise", True)):
+    for stacked, attention in itertools.product((False, True), ("xla", "blockwise")):
       row = dict(policy=policy, prompt_tokens=prompt, completion_tokens=completion,
                  rows_per_device=per_device, remat=remat, logits_chunk=chunk, runs=names,
                  layers="stacked" if stacked else "stored",
@@ -133,20 +123,24 @@ def main(argv=None) -> dict:
   return result
 
 
+COLUMNS = (("stored", "xla"), ("stored", "blockwise"), ("stacked", "xla"),
+           ("stacked", "blockwise"))
+
+
 def table(rows: list[dict]) -> str:
-  lines = ["| policy | tokens (prompt + completion) | rows/device | runs | params GiB | "
-           "xla temp GiB | blockwise temp GiB | blockwise, layers stacked, temp GiB |",
-           "|---|---|---:|---|---:|---:|---:|---:|"]
+  """Markdown: one line per micro-batch, the temporaries (GiB) of each (layers, attention)."""
+  lines = ["| policy | tokens (prompt + completion) | rows/device | runs | params GiB | " +
+           " | ".join(f"temp GiB, {layers}, {attention}" for layers, attention in COLUMNS) + " |",
+           "|---|---|---:|---|---:|" + "---:|" * len(COLUMNS)]
   by_key: dict[tuple, dict] = {}
   for r in rows:
     key = (r["policy"], r["prompt_tokens"], r["completion_tokens"], r["rows_per_device"])
-    column = r["attention"] + ("+stacked" if r.get("layers") == "stacked" else "")
-    by_key.setdefault(key, {"runs": r["runs"], "params": r["argument_gib"]})[column] = (
-        r["temp_gib"])
+    by_key.setdefault(key, {"runs": r["runs"], "params": r["argument_gib"]})[
+        (r.get("layers", "stored"), r["attention"])] = r["temp_gib"]
   for (policy, p, c, n), v in by_key.items():
-    stacked = f"{v['blockwise+stacked']:.1f}" if "blockwise+stacked" in v else "-"
+    temps = " | ".join(f"{v[col]:.1f}" if col in v else "-" for col in COLUMNS)
     lines.append(f"| {policy} | {p:,} + {c:,} | {n} | {', '.join(v['runs'])} | "
-                 f"{v['params']:.1f} | {v['xla']:.1f} | {v['blockwise']:.1f} | {stacked} |")
+                 f"{v['params']:.1f} | {temps} |")
   return "\n".join(lines)
 
 

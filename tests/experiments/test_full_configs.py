@@ -88,6 +88,7 @@ def test_every_full_config_builds_at_toy_size(env):
       assert (mc.tie_embeddings, mc.rope_theta, mc.qkv_bias) == (
           arch["tie_embeddings"], arch["rope_theta"], True), (e, name)
       assert mc.max_seq_len == cfg["model"].get("max_seq_len", arch["max_seq_len"])
+      assert mc.stacked_layers and mc.attention == "blockwise", (e, name)
       assert mc.num_heads // mc.num_kv_heads == arch["num_heads"] // arch["num_kv_heads"]
       assert tr.cfg.recipe == cfg["recipe"] and tr.cfg.lr == cfg["lr"]
       count += 1

@@ -255,6 +255,34 @@ def test_memory_options_leave_the_update_unchanged(dirs):
     assert tr.num_traces == 1
 
 
+def test_stacked_layers_leave_the_step_unchanged(dirs):
+  """model={"stacked_layers": True} starts from the same SFT policy (restacked) and takes the
+  same step as layers stored one by one, with and without remat. Different programs (a scan
+  over stacked weights against a loop), so: metrics to 2e-4 relative, parameters within 1% of
+  the update's size, compared layer by layer after unstacking."""
+  from flax import nnx
+
+  from rlpost.models import transformer as tfm
+
+  model = dict(TINY_MODEL, num_layers=2)
+  base = tiny(dirs, model=model)
+  s0 = base.init_state()
+  ref_state, ref_m = jax.device_get(base.step(s0))
+  assert_moved(ref_m, "stored layers")
+  for remat in (False, True):
+    tr = tiny(dirs, model=dict(model, stacked_layers=True), remat=remat)
+    assert tr.policy.model_cfg.stacked_layers
+    t0 = tr.init_state()
+    unstack = lambda p: nnx.state(tfm.with_layers_stacked(  # noqa: E731
+        nnx.merge(tr.policy.graphdef, p), False))
+    assert max_update_gap(unstack(t0.params), s0.params, s0.params)[0] == 0  # same start
+    state, m = jax.device_get(tr.step(t0))
+    for k in ("grad_norm", "reward", "loss"):
+      np.testing.assert_allclose(m[k], ref_m[k], rtol=2e-4, atol=1e-7, err_msg=f"{remat} {k}")
+    gap, moved = max_update_gap(unstack(state.params), ref_state.params, s0.params)
+    assert moved > 0 and gap <= 1e-2 * moved, (remat, gap, moved)
+
+
 def test_packed_update_compiles_once_as_lengths_vary(dirs):
   """With pack_buckets the bucket is picked at run time inside the one step program: three
   steps whose completion lengths differ compile once, and each reports the rows it ran."""
