@@ -89,9 +89,10 @@ def with_memory_plan(cfg: dict, *, devices: int = DEVICES,
   Measured with XLA's memory analysis (compiled for CPU, one device, the settings of
   ``common``: bfloat16 compute over float32 parameters, remat, 512-token logits chunks,
   blockwise attention, layers stored stacked; ``python -m scripts.benchmarks.full_memory``):
-  a micro-batch of 4 Qwen2.5-Math-1.5B rows of 512 + 3,072 tokens plans 7.9 GiB of temporaries
-  and one of 4 GSM8K rows of 512 + 1,024 tokens 6.3 GiB, beyond the parameters and their
-  gradients (5.8 + 5.8 GiB); without remat and chunks a 3,584-token row needed 69 GiB.
+  the gradient pass of a micro-batch of 4 Qwen2.5-Math-1.5B rows of 512 + 3,072 tokens plans
+  7.9 GiB of temporaries and of 4 GSM8K rows of 512 + 1,024 tokens 6.3 GiB, beyond its inputs
+  and outputs (the parameters and their gradients, 5.8 + 5.8 GiB); without remat and chunks a
+  3,584-token row needed 69 GiB.
   """
   out = dict(cfg)
   rows = cfg["num_prompts"] * cfg["group_size"] + cfg.get("dars_budget", 0)

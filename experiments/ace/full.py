@@ -44,10 +44,10 @@ gradient checkpointing and parameter offload. Planned here with rollouts sampled
 time, per-layer rematerialisation, the LM head in 512-token chunks and one row per device per
 gradient micro-batch (``full_size.with_memory_plan``), blockwise (flash) attention and layers
 stored stacked (``full_size.common``). XLA's memory analysis (compiled for CPU, one device; not
-measured on an accelerator; ``python -m scripts.benchmarks.full_memory``) puts one
-10,240-token row of the 7B model at 9.5 GiB of temporaries beyond the parameters, their
-gradients (28.4 + 28.4 GiB) and the optimizer state; with the plain attention and the layers
-stored one by one it was 87.7 GiB (BENCHMARKS.md, "One full-size training row"). Runtime:
+measured on an accelerator; ``python -m scripts.benchmarks.full_memory``) puts the gradient
+pass of one 10,240-token row of the 7B model at 9.5 GiB of temporaries beyond its inputs and
+outputs (the parameters and their gradients, 28.4 + 28.4 GiB unsharded); with the plain
+attention and the layers stored one by one it was 87.7 GiB (BENCHMARKS.md, "One full-size training row"). Runtime:
 not measured. Status: not run at full size here (no numbers);
 ``tests/experiments/test_full_configs.py`` builds every configuration at toy size and trains one
 run of each kind for a step.

@@ -55,10 +55,10 @@ sampled 512 rows at a time, per-layer rematerialisation, the LM head in 512-toke
 gradient micro-batches of at most 4 rows per device (``full_size.with_memory_plan``), blockwise
 attention and layers stored stacked (``full_size.common``). XLA's memory analysis (compiled for
 CPU, one device; not measured on an accelerator; ``python -m scripts.benchmarks.full_memory``):
-a micro-batch of 4 Qwen2.5-Math-1.5B rows of 1,024 + 3,072 tokens plans 8.3 GiB of temporaries
-beyond the parameters, their gradients (5.8 + 5.8 GiB) and the optimizer state; 25.2 GiB with
-the plain attention and the layers stored one by one. Runtime: not measured. Status: not run at full size here (no
-numbers); ``tests/experiments/test_full_configs.py`` builds every configuration at toy size and
+the gradient pass of a micro-batch of 4 Qwen2.5-Math-1.5B rows of 1,024 + 3,072 tokens plans
+8.3 GiB of temporaries beyond its inputs and outputs (the parameters and their gradients,
+5.8 + 5.8 GiB); 25.2 GiB with the plain attention and the layers stored one by one. Runtime: not
+measured. Status: not run at full size here (no numbers); ``tests/experiments/test_full_configs.py`` builds every configuration at toy size and
 trains one run of each kind for a step.
 """
 

@@ -45,10 +45,11 @@ parameters and optimizer state sharded), with per-layer rematerialisation, the L
 4 where the mini-batch divides so, else 2 for the 80-row mini-batches of math-G4's G+1 arms and
 3 for the 72- and 144-row ones of the G8 G+1 arms), blockwise attention and layers stored
 stacked (``full_size.common``). XLA's memory analysis (compiled for CPU, one device; not
-measured on an accelerator; ``python -m scripts.benchmarks.full_memory``): a micro-batch of 4
-MATH rows (512 + 3,072 tokens) plans 7.9 GiB of temporaries and one of 4 GSM8K rows
-(512 + 1,024) 6.3 GiB, beyond the parameters, their gradients (5.8 + 5.8 GiB) and the optimizer
-state; 22.3 and 15.8 GiB with the plain attention and the layers stored one by one. Runtime: not measured. Status: not run at full size here (no numbers);
+measured on an accelerator; ``python -m scripts.benchmarks.full_memory``): the gradient pass of
+a micro-batch of 4 MATH rows (512 + 3,072 tokens) plans 7.9 GiB of temporaries and of 4 GSM8K
+rows (512 + 1,024) 6.3 GiB, beyond its inputs and outputs (the parameters and their gradients,
+5.8 + 5.8 GiB); 22.3 and 15.8 GiB with the plain attention and the layers stored one by one.
+Runtime: not measured. Status: not run at full size here (no numbers);
 ``tests/experiments/test_full_configs.py`` builds every configuration at toy size and trains one
 run of each kind for a step.
 """

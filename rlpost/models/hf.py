@@ -589,7 +589,9 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32",
   for e in entries:
     by_file.setdefault(files[e.hf_name], []).append(e)
   arrays: dict[tuple, jax.Array] = {}
-  slices: dict[tuple, dict[int, np.ndarray]] = {}  # stacked paths: layer -> its tensor
+  # Stacked paths: a host buffer [L, ...] that each layer's tensor is written into, moved to
+  # the device once its last layer is in (one host copy of the tensor kind at most).
+  buffers: dict[tuple, tuple[np.ndarray, set]] = {}
   for file, file_entries in by_file.items():
     with _open_safetensors(file) as f:
       for e in file_entries:
@@ -609,10 +611,14 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32",
         x = np.ascontiguousarray(x.astype(target, copy=False))
         if e.layer is None:
           arrays[e.path] = jnp.asarray(x)
-        else:
-          slices.setdefault(e.path, {})[e.layer] = x
-  for path_, by_layer in slices.items():
-    arrays[path_] = jnp.asarray(np.stack([by_layer.pop(i) for i in range(len(by_layer))]))
+          continue
+        if e.path not in buffers:
+          buffers[e.path] = (np.empty(shape, target), set())
+        buffer, done = buffers[e.path]
+        buffer[e.layer] = x
+        done.add(e.layer)
+        if len(done) == shape[0]:
+          arrays[e.path] = jnp.asarray(buffers.pop(e.path)[0])
 
   flat = [(p, var.replace(arrays[p])) for p, var in abstract_flat.items()]
   return nnx.merge(graphdef, nnx.from_flat_state(flat))

@@ -29,7 +29,6 @@ factors is not the average of the products (``mean(A_i) mean(B_i) != mean(A_i B_
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -117,30 +116,38 @@ def apply(model: nnx.Module, cfg: LoraConfig) -> nnx.Module:
   ``nnx.Linear`` of ``model``, in place; returns ``model``.
 
   Every layer gets the same adapters, so the layers keep one graph structure (the scan of
-  ``Transformer.hidden(remat=True)`` needs that); layers stored stacked get stacked adapters
-  ([L, din, r] and [L, r, dout]), each layer's A drawn from a key of its own. Raises
-  ValueError if a target matches no linear (``lm_head`` of a model with tied embeddings) or
-  the model already has adapters.
+  ``Transformer.hidden(remat=True)`` needs that); layers stored stacked get the same adapters
+  stacked ([L, din, r] and [L, r, dout]). Raises ValueError if a target matches no linear
+  (``lm_head`` of a model with tied embeddings) or the model already has adapters.
   """
   found = _targeted(model, cfg.targets)
   missing = sorted(set(cfg.targets) - {path[-1] for path, _ in found})
   if missing:
     raise ValueError(f"LoRA target(s) {missing} match no nnx.Linear of the model (an lm_head "
                      "tied to the embedding has none)")
-  rngs = nnx.Rngs(cfg.seed)
   for path, layer in found:
     if getattr(layer, ADAPTER, None) is not None:
       raise ValueError(f"{'/'.join(map(str, path))} already has a LoRA adapter")
-    make = functools.partial(Adapter, layer.in_features, cfg.rank, layer.out_features,
-                             scale=cfg.scale, dtype=layer.dtype, param_dtype=layer.param_dtype)
-    if layer.kernel.ndim == 3:  # layers stored stacked: one adapter per layer, stacked too
-      graphdef = nnx.graphdef(nnx.eval_shape(lambda make=make: make(rngs=nnx.Rngs(0))))
-      keys = jax.random.split(rngs.params(), layer.kernel.shape[0])
-      adapter = nnx.merge(graphdef, jax.vmap(lambda k, make=make: nnx.state(
-          make(rngs=nnx.Rngs(k))))(keys))
-    else:
-      adapter = make(rngs=rngs)
-    setattr(layer, ADAPTER, adapter)
+
+  def make(layer: nnx.Linear, rngs: nnx.Rngs) -> Adapter:
+    return Adapter(layer.in_features, cfg.rank, layer.out_features, scale=cfg.scale,
+                   dtype=layer.dtype, param_dtype=layer.param_dtype, rngs=rngs)
+
+  # Adapters draw from one key sequence in the order of the layers stored one by one (layer by
+  # layer, each layer's projections in graph order), so layers stored stacked, whose
+  # projections are one [L, ...] linear each, get exactly the same adapters, stacked.
+  rngs = nnx.Rngs(cfg.seed)
+  stacked = [layer for _, layer in found if layer.kernel.ndim == 3]
+  for _, layer in found:
+    if layer.kernel.ndim != 3:
+      setattr(layer, ADAPTER, make(layer, rngs))
+    elif layer is stacked[0]:
+      per_layer = [[nnx.split(make(linear, rngs)) for linear in stacked]
+                   for _ in range(layer.kernel.shape[0])]
+      for j, linear in enumerate(stacked):
+        graphdef = per_layer[0][j][0]
+        setattr(linear, ADAPTER, nnx.merge(graphdef, jax.tree.map(
+            lambda *xs: jnp.stack(xs), *[row[j][1] for row in per_layer])))
   return model
 
 

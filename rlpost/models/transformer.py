@@ -118,8 +118,9 @@ class TransformerConfig:
   attention: str = "xla"
   # Layers stored stacked: ``Transformer.layers`` is one ``Block`` whose parameters have a
   # leading [num_layers] axis, and uncached passes scan over it (``Transformer.hidden``). The
-  # same function as layers stored one by one; the gradient pass reads the weights in place
-  # and writes their gradients stacked, with no per-layer copies (what full-size runs need).
+  # same function as layers stored one by one; with remat the gradient pass reads the weights
+  # in place and writes their gradients stacked, with no copy of them (what full-size runs
+  # need). The sampler slices them into layers once per call (``rlpost.sampling.sample``).
   stacked_layers: bool = False
 
   def __post_init__(self):
@@ -552,8 +553,6 @@ class Transformer(nnx.Module):
       # whatever the backend's scheduler; with a Python loop of checkpointed layers XLA:CPU
       # hoisted the recomputations and kept every layer's activations). Layers stored one by
       # one are stacked here, a copy of their weights (and of their gradients) per pass.
-      # Without remat the loop is unrolled: every activation is kept either way, and the
-      # rolled loop was 13% slower on CPU (``bench.py layers``).
       graphdef, stacked = self.stacked_state()
       mixed = len(set(local)) > 1 and (cfg.windowed or cfg.local_rope)
 
@@ -564,7 +563,7 @@ class Transformer(nnx.Module):
                                           window, segments)[0], None
 
       x, _ = jax.lax.scan(jax.checkpoint(run) if remat else run, x,
-                          (stacked, jnp.asarray(local)), unroll=1 if remat else True)
+                          (stacked, jnp.asarray(local)))
     else:
       for i in range(cfg.num_layers):
         mask, cs, window = inputs(local[i])

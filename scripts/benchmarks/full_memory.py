@@ -4,8 +4,9 @@ For each distinct (policy, prompt + completion length, rows per device) of the f
 configurations, XLA's memory analysis of the policy-gradient pass (``jax.grad`` of a loss over
 ``completion_scores`` with the run's remat and LM-head chunks) is read off the compiled program,
 with ``attention="xla"`` and ``"blockwise"``, and with the layers stored one by one and stacked
-(``stacked_layers``; the full-size configurations use blockwise attention and stacked layers). Nothing runs: the inputs
-are abstract (``jax.ShapeDtypeStruct``) and the model is built with ``nnx.eval_shape``.
+(``stacked_layers``; the full-size configurations use blockwise attention and stacked layers).
+Nothing runs: the inputs are abstract (``jax.ShapeDtypeStruct``) and the model is built with
+``nnx.eval_shape``.
 
 Reported per program: the parameter bytes (arguments), the gradient bytes (outputs) and XLA's
 temporaries: what one device needs beyond its parameters, gradients and optimizer state. The

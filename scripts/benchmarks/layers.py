@@ -11,8 +11,8 @@ tables run, both storages measured in one process, alternating call by call:
               (prompt 32, 128 new tokens, temperature 1); the sampler slices stacked layers
               into layers once per call, before its decode loop.
 
-Medians and half-ranges of ``repeats`` calls each; the first call of each program (its
-compilation) is not timed. Ratios are stacked / stored (below 1: stacking is faster): of the
+Medians and half-ranges of ``repeats`` calls each (the order within a round alternates); the
+first call of each program (its compilation) is not timed. Ratios are stacked / stored (below 1: stacking is faster): of the
 medians, and per round (the two calls of a round ran back to back, under the same load).
 """
 
@@ -38,11 +38,13 @@ def add_args(p) -> None:
 
 def _alternate(calls: dict, repeats: int) -> dict:
   """{name: (fn, state)} with fn(state) -> state: the untimed first call of each, then
-  ``repeats`` rounds of one timed call of each in turn; {name: [seconds]}."""
+  ``repeats`` rounds of one timed call of each, in turn, the order reversed every other round;
+  {name: [seconds]}."""
   states = {k: jax.block_until_ready(fn(s)) for k, (fn, s) in calls.items()}
   times: dict[str, list[float]] = {k: [] for k in calls}
-  for _ in range(repeats):
-    for k, (fn, _) in calls.items():
+  for i in range(repeats):
+    for k in list(calls)[::-1 if i % 2 else 1]:
+      fn = calls[k][0]
       t = time.perf_counter()
       states[k] = jax.block_until_ready(fn(states[k]))
       times[k].append(time.perf_counter() - t)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlpost import sampling, sharding
-from rlpost.models import lora
+from rlpost import sampling
+from rlpost.models import lora, packing
 from rlpost.models import transformer as tfm
 
 BASE = tfm.TransformerConfig(vocab_size=48, hidden_size=32, num_layers=3, num_heads=4,
@@ -101,6 +101,13 @@ def test_stacked_scores_and_gradients_equal_stored(name):
     assert _max_gap(layers_got, layers_want) < 1e-5, remat
     rest = lambda s: {k: v for k, v in s.items() if k != "layers"}  # noqa: E731
     assert _max_gap(rest(g_got), rest(g_want)) < 1e-5, remat
+    # The packed (padding-free) pass: segment ids through the scan.
+    packed = {m: packing.completion_scores(model, pt, pm, ct, cm, num_bins=2, bin_rows=2,
+                                           remat=remat)[0]
+              for m, model in (("stored", stored), ("stacked", stacked))}
+    np.testing.assert_allclose(packed["stacked"], packed["stored"], atol=1e-5)
+    np.testing.assert_allclose(packed["stored"], tfm.completion_scores(
+        stored, pt, pm, ct, cm)[0], atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["qwen2", "mixed-sliding"])
@@ -122,18 +129,26 @@ def test_stacked_sampler_matches_the_stored_scoring(name):
 
 def test_stacked_adapters():
   stored = tfm.init_model(BASE, seed=4)
-  cfg = lora.LoraConfig(rank=4, alpha=8.0, targets=lora.DEFAULT_TARGETS, seed=1)
+  cfg = lora.LoraConfig(rank=4, alpha=8.0, targets=lora.TARGETS, seed=1)
   stacked = lora.apply(tfm.with_layers_stacked(stored), cfg)
   q = stacked.layers.attn.q_proj.lora
   assert q.lora_a.shape == (3, 32, 4) and q.lora_b.shape == (3, 4, 32)
   assert isinstance(q.lora_a, nnx.LoRAParam)
+  # The same adapters as on the layers stored one by one (the same start either way), stacked;
+  # each layer's A is drawn anew.
+  twin = lora.apply(nnx.merge(*nnx.split(stored)), cfg)
+  restacked = nnx.state(tfm.with_layers_stacked(twin))
+  for x, y in zip(jax.tree.leaves(nnx.state(stacked)), jax.tree.leaves(restacked)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   a = q.lora_a[...]
-  assert float(jnp.max(jnp.abs(a[0] - a[1]))) > 0  # each layer's A drawn from its own key
+  assert float(jnp.max(jnp.abs(a[0] - a[1]))) > 0
+  assert stacked.lm_head.lora.lora_a.shape == (32, 4)
   params = nnx.state(stacked)
   n_all, n_adapters = lora.count(params)
   din_dout = dict(q_proj=(32, 32), k_proj=(32, 16), v_proj=(32, 16), o_proj=(32, 32),
                   gate_proj=(32, 48), up_proj=(32, 48), down_proj=(48, 32))
-  assert n_adapters == 3 * 4 * sum(a + b for a, b in din_dout.values())  # layers x rank x ...
+  lm_head = 4 * (32 + 48)
+  assert n_adapters == 3 * 4 * sum(a + b for a, b in din_dout.values()) + lm_head
   tokens = jnp.asarray(np.random.default_rng(0).integers(1, 48, (2, 9)), jnp.int32)
   mask = jnp.ones((2, 9), bool)
   base_logits = tfm.forward(stored, tokens, mask)
@@ -152,21 +167,30 @@ def test_stacked_adapters():
   np.testing.assert_allclose(tfm.forward(merged, tokens, mask), adapted, atol=1e-5)
 
 
-def test_fsdp_never_shards_the_layer_axis():
-  mesh = sharding.make_mesh(data=1, fsdp=1, devices=jax.devices()[:1])
-  cfg = BASE.replace(num_layers=64, stacked_layers=True)
-  params = nnx.state(nnx.eval_shape(lambda: tfm.Transformer(cfg, rngs=nnx.Rngs(0))))
-  # The rule itself, at fsdp size 2 (the mesh here has one device): the layer axis (64, the
-  # largest) is skipped for the next largest divisible one.
-  specs = jax.tree_util.tree_map_with_path(
-      lambda path, x: sharding.param_spec(tuple(x.shape), 2, min_size=0,
-                                          skip=int(sharding._stacked_layer(path))), params)
-  assert specs["layers"]["mlp"]["gate_proj"]["kernel"].get_value() == jax.P(None, None, "fsdp")
-  assert specs["layers"]["input_norm"]["scale"].get_value() == jax.P(None, "fsdp")
-  assert specs["embed"]["embedding"].get_value() == jax.P("fsdp", None)  # not stacked: [48, 32]
-  stored = nnx.state(nnx.eval_shape(lambda: tfm.Transformer(BASE, rngs=nnx.Rngs(0))))
-  assert not any(sharding._stacked_layer(p) for p, _ in jax.tree_util.tree_leaves_with_path(stored))
-  assert sharding.param_shardings(params, mesh, mode="fsdp") is not None
+def test_fsdp_never_shards_the_layer_axis(with_devices):
+  """param_shardings on a 2-device fsdp mesh: the layer axis of stacked layers (the largest
+  here, 64) stays whole and the next largest divisible axis is sharded; stored layers and the
+  other parameters follow the plain rule (their largest divisible axis)."""
+  out = with_devices("""
+import jax
+from flax import nnx
+from rlpost import sharding
+from rlpost.models import transformer as tfm
+cfg = tfm.TransformerConfig(vocab_size=48, hidden_size=32, num_layers=64, num_heads=4,
+                            num_kv_heads=2, intermediate_size=48)
+mesh = sharding.make_mesh(data=1, fsdp=2)
+for stacked in (True, False):
+  params = nnx.state(nnx.eval_shape(lambda: tfm.Transformer(cfg.replace(stacked_layers=stacked),
+                                                            rngs=nnx.Rngs(0))))
+  specs = sharding.param_shardings(params, mesh, mode="fsdp", min_size=0)
+  layer = specs["layers"] if stacked else specs["layers"][5]
+  print(stacked, layer["mlp"]["gate_proj"]["kernel"].get_value().spec,
+        layer["input_norm"]["scale"].get_value().spec,
+        specs["embed"]["embedding"].get_value().spec)
+""", num_devices=2)
+  assert out.splitlines() == [
+      "True P(None, None, 'fsdp') P(None, 'fsdp') P('fsdp', None)",
+      "False P(None, 'fsdp') P('fsdp',) P('fsdp', None)"]
 
 
 def test_policy_runs_choose_the_layer_storage_in_model(tmp_path):
