@@ -478,7 +478,7 @@ class Transformer(nnx.Module):
                            param_dtype=cfg.params_dtype,
                            embedding_init=nnx.initializers.normal(cfg.init_std), rngs=rngs)
     if cfg.stacked_layers:
-      self.layers = stacked_blocks(cfg, rngs.params())
+      self.layers = stacked_blocks(cfg, rngs)
     else:
       self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
     self.final_norm = _norm(cfg, cfg.hidden_size, rngs)
@@ -603,13 +603,13 @@ class Transformer(nnx.Module):
     return self.logits(h), cache
 
 
-def stacked_blocks(cfg: TransformerConfig, key: jax.Array) -> Block:
-  """One ``Block`` whose parameters have a leading [num_layers] axis, layer i initialised
-  from the i-th of ``num_layers`` keys split from ``key``."""
-  graphdef = nnx.graphdef(nnx.eval_shape(lambda: Block(cfg, rngs=nnx.Rngs(0))))
-  keys = jax.random.split(key, cfg.num_layers)
-  state = jax.vmap(lambda k: nnx.state(Block(cfg, rngs=nnx.Rngs(k))))(keys)
-  return nnx.merge(graphdef, state)
+def stacked_blocks(cfg: TransformerConfig, rngs: nnx.Rngs) -> Block:
+  """One ``Block`` whose parameters have a leading [num_layers] axis: the layers that
+  ``nnx.List([Block(cfg, rngs=rngs) ...])`` draws, stacked, so a model initialises to the same
+  weights whichever way it stores its layers."""
+  graphdef, first = nnx.split(Block(cfg, rngs=rngs))
+  rest = [nnx.split(Block(cfg, rngs=rngs))[1] for _ in range(cfg.num_layers - 1)]
+  return nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), first, *rest))
 
 
 def with_layers_stacked(model: Transformer, stacked: bool = True) -> Transformer:

@@ -19,12 +19,13 @@ medians, and per round (the two calls of a round ran back to back, under the sam
 from __future__ import annotations
 
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from scripts.benchmarks import common
 
 
 def add_args(p) -> None:
@@ -42,12 +43,10 @@ def _alternate(calls: dict, repeats: int) -> dict:
   {name: [seconds]}."""
   states = {k: jax.block_until_ready(fn(s)) for k, (fn, s) in calls.items()}
   times: dict[str, list[float]] = {k: [] for k in calls}
+  clocked = {k: common.timed(fn, times[k], block=True) for k, (fn, _) in calls.items()}
   for i in range(repeats):
     for k in list(calls)[::-1 if i % 2 else 1]:
-      fn = calls[k][0]
-      t = time.perf_counter()
-      states[k] = jax.block_until_ready(fn(states[k]))
-      times[k].append(time.perf_counter() - t)
+      states[k] = clocked[k](states[k])
   return times
 
 

@@ -60,19 +60,25 @@ def test_conversion_moves_weights_exactly_and_back():
   shapes = jax.tree.map(lambda x: x.shape, nnx.state(stacked.layers))
   assert shapes["attn"]["q_proj"]["kernel"] == (3, 32, 32)
   assert shapes["mlp"]["down_proj"]["kernel"] == (3, 48, 32)
+  # The layers differ from each other, so a conversion that mixed them up could not pass.
+  assert float(jnp.max(jnp.abs(stored.layers[0].attn.q_proj.kernel[...]
+                               - stored.layers[1].attn.q_proj.kernel[...]))) > 0
   for i in range(3):
-    chex_equal = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)),
-                              nnx.state(stacked.layer(i)), nnx.state(stored.layers[i]))
-    assert all(jax.tree.leaves(chex_equal)), i
+    equal = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)),
+                         nnx.state(stacked.layer(i)), nnx.state(stored.layers[i]))
+    assert all(jax.tree.leaves(equal)), i
   back = tfm.with_layers_stacked(stacked, False)
   assert not back.cfg.stacked_layers
   for x, y in zip(jax.tree.leaves(nnx.state(back)), jax.tree.leaves(nnx.state(stored))):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   assert tfm.with_layers_stacked(stacked) is stacked
-  # A stacked model initialises each layer from a key of its own.
-  fresh = tfm.init_model(BASE.replace(stacked_layers=True))
+  # A stacked model initialises to the weights of its stored twin (the same draws, stacked);
+  # each layer's own.
+  fresh = tfm.init_model(BASE.replace(stacked_layers=True), seed=1)
   q = fresh.layers.attn.q_proj.kernel[...]
   assert float(jnp.max(jnp.abs(q[0] - q[1]))) > 0
+  for x, y in zip(jax.tree.leaves(nnx.state(fresh)), jax.tree.leaves(nnx.state(stacked))):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
