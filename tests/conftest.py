@@ -1,5 +1,6 @@
 """Shared test helpers."""
 
+import gc
 import os
 import shutil
 import subprocess
@@ -29,6 +30,22 @@ if "RLPOST_TEST_SESSION_CACHE" not in os.environ:
   _OWNS_CACHE = True
 else:
   _OWNS_CACHE = False
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Drop JAX's in-memory caches (traces, lowerings, executables) after each test module.
+
+  A worker otherwise keeps every program the modules before it compiled: about 6 GiB per
+  worker by the end of the suite and 13 GiB in use with two workers, against a peak of 4.7 GiB
+  per worker and 6.5 GiB in all with this, in the same time. Programs a later module needs
+  again come back from the persistent cache above.
+  """
+  yield
+  import jax
+
+  jax.clear_caches()
+  gc.collect()
 
 
 def pytest_unconfigure(config):
