@@ -38,8 +38,9 @@ def _release_compiled_programs():
 
   A worker otherwise keeps every program the modules before it compiled: about 6 GiB per
   worker by the end of the suite and 13 GiB in use with two workers, against a peak of 4.7 GiB
-  per worker and 6.5 GiB in all with this, in the same time. Programs a later module needs
-  again come back from the persistent cache above.
+  per worker and 6.5 GiB in all with this, in the same time (measured with
+  scripts/pytest_memlog.py). Programs a later module needs again come back from the persistent
+  cache above.
   """
   yield
   import jax
