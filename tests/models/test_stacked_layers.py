@@ -142,12 +142,12 @@ def test_stacked_adapters():
   assert isinstance(q.lora_a, nnx.LoRAParam)
   # The same adapters as on the layers stored one by one (the same start either way), stacked;
   # each layer's A is drawn anew.
+  a = q.lora_a[...]
+  assert float(jnp.max(jnp.abs(a[0] - a[1]))) > 0
   twin = lora.apply(nnx.merge(*nnx.split(stored)), cfg)
   restacked = nnx.state(tfm.with_layers_stacked(twin))
   for x, y in zip(jax.tree.leaves(nnx.state(stacked)), jax.tree.leaves(restacked)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  a = q.lora_a[...]
-  assert float(jnp.max(jnp.abs(a[0] - a[1]))) > 0
   assert stacked.lm_head.lora.lora_a.shape == (32, 4)
   params = nnx.state(stacked)
   n_all, n_adapters = lora.count(params)
