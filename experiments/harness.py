@@ -763,10 +763,29 @@ def run_full(exp: Experiment, runs_dir: str, out_dir: str, *, prefix: str = "") 
 
 
 def rejudge(exp: Experiment, out_dir: str, *, sync_docs: bool = False) -> dict:
-  """Re-judge the results already in ``out_dir`` with the current statistics (no training)."""
+  """Re-judge the results already in ``out_dir`` with the current statistics (no training).
+
+  ``results.json`` must be this table's: a file that is not JSON (truncated, say), not written by
+  the harness, or written for another table (its ``"experiment"``) raises ValueError naming the
+  file, before ``exp.summarize`` reads a layout it was not written for.
+  """
   path = os.path.join(out_dir, "results.json")
-  with open(path) as f:
-    report = json.load(f)
-  if "data" not in report or "config" not in report:
+  with open(path, "rb") as f:
+    raw = f.read()
+  try:
+    report = json.loads(raw)
+  except ValueError as e:  # JSONDecodeError and UnicodeDecodeError alike
+    raise ValueError(f"{path} is not valid JSON ({e}; truncated or damaged?); restore it or "
+                     f"rerun python scripts/reproduce.py {exp.name}") from e
+  if not isinstance(report, dict) or "data" not in report or "config" not in report:
     raise ValueError(f"{path} was not written by experiments/harness.py (no 'data'/'config')")
+  table = report.get("experiment")
+  if table != exp.name:
+    elsewhere = f"point --out at a directory holding {exp.name!r} results"
+    if not (isinstance(table, str) and table):
+      raise ValueError(f"{path} names no table (no 'experiment' entry), so it is not table "
+                       f"{exp.name!r}'s results; {elsewhere}")
+    raise ValueError(f"{path} holds the results of table {table!r}, not of table {exp.name!r}; "
+                     f"re-judge it as {table!r} (scripts/reproduce.py {table} --rejudge), or "
+                     f"{elsewhere}")
   return write(exp, report, out_dir, sync_docs=sync_docs)

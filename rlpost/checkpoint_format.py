@@ -19,9 +19,12 @@ leaf's C-order bytes, None for a leaf split over other processes.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import shutil
 import uuid
+import warnings
 import zlib
 from typing import Any, Callable, Sequence
 
@@ -32,6 +35,60 @@ import orbax.checkpoint as ocp
 STATE_ITEM = "state"
 META_ITEM = "meta"
 INTEGRITY_KEY = "integrity"
+
+# Seconds a closing event loop waits for the tasks still pending on it before cancelling them.
+SETTLE_TIMEOUT_S = 10.0
+
+
+class _SettlingEventLoop(asyncio.SelectorEventLoop):
+  """An event loop that settles its pending tasks before it closes.
+
+  Orbax runs each synchronous save or restore on a fresh event loop that it closes as soon as the
+  top-level coroutine returns (``orbax.checkpoint._src.asyncio_utils.run_sync``). When one read
+  of a damaged checkpoint fails, ``asyncio.gather`` raises at once and leaves the other reads'
+  tasks pending on that loop; closing it then strands their TensorStore futures, whose callbacks
+  later print "RuntimeError: Event loop is closed" tracebacks from TensorStore's threads, and the
+  abandoned tasks and futures log "exception was never retrieved" / "Exception ignored in" when
+  collected. This loop first lets the pending tasks finish (they are reads already in flight; up
+  to ``SETTLE_TIMEOUT_S``), then cancels what is left, and retrieves every outcome, as
+  ``asyncio.run`` does for its own loop.
+  """
+
+  def close(self) -> None:
+    if not self.is_running() and not self.is_closed():
+      pending = [t for t in asyncio.all_tasks(self) if not t.done()]
+      if pending:
+        try:
+          self.run_until_complete(asyncio.wait(pending, timeout=SETTLE_TIMEOUT_S))
+          for t in pending:
+            t.cancel()
+          self.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        except Exception:  # noqa: BLE001 - closing must not fail; the loop is dropped anyway
+          pass
+    super().close()
+
+
+def settle_event_loops() -> None:
+  """Make new event loops settle their pending tasks on close (``_SettlingEventLoop``).
+
+  Installed when this module is imported, so every orbax call in the process (the run loop's
+  ``Checkpointer``, ``CheckpointSource``, ``read_tree``) ends without stray tasks. Only asyncio's
+  default policy is replaced; a policy the program chose (uvloop, say) is left alone. (Python
+  3.14 deprecates event loop policies; the warning is not the caller's concern.)
+  """
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    default = asyncio.DefaultEventLoopPolicy
+    if type(asyncio.get_event_loop_policy()) is not default:
+      return
+
+    class SettlingPolicy(default):
+      _loop_factory = _SettlingEventLoop
+
+    asyncio.set_event_loop_policy(SettlingPolicy())
+
+
+settle_event_loops()
 
 
 def flat_key(i: int) -> str:
@@ -50,16 +107,71 @@ def abstract_dict(leaves: Sequence) -> dict[str, Any]:
   return {flat_key(i): ocp.utils.to_shape_dtype_struct(x) for i, x in enumerate(leaves)}
 
 
+# Longest text of an underlying error that a ``CheckpointError`` message carries.
+CAUSE_LIMIT = 120
+# The start of an annotation TensorStore appends to an error: " [tensorstore_spec[1]='{...}']".
+_TS_ANNOTATION = re.compile(r" \[[A-Za-z_ ]+(?:\[\d+\])?=")
+
+
+def _innermost(e: BaseException) -> BaseException:
+  """The last error of ``e``'s ``__cause__`` chain (``e`` itself without a cause)."""
+  seen = {id(e)}
+  while e.__cause__ is not None and id(e.__cause__) not in seen:
+    e = e.__cause__
+    seen.add(id(e))
+  return e
+
+
+def short_cause(e: BaseException, limit: int = CAUSE_LIMIT) -> str:
+  """The first line of the innermost error behind ``e`` (its ``__cause__`` chain), at most
+  ``limit`` characters: TensorStore wraps a one-line reason in a dump of its whole spec, and orbax
+  wraps that in an exception whose text is that dump again.
+
+  TensorStore's trailing annotations (`` [tensorstore_spec='{...}']``, `` [source
+  locations=...]``) are dropped. A longer line keeps its start (the error code and the key read)
+  and its end (the reason) with " ... " between them; the middle is mostly the file's path, which
+  the message names anyway.
+  """
+  e = _innermost(e)
+  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+  text = _TS_ANNOTATION.split(lines[0], maxsplit=1)[0].strip() if lines else ""
+  text = text or type(e).__name__
+  if len(text) <= limit:
+    return text
+  keep = limit - len(" ... ")
+  return text[:keep - keep // 2].rstrip() + " ... " + text[len(text) - keep // 2:].lstrip()
+
+
 class CheckpointError(RuntimeError):
   """A checkpoint that cannot be used: corrupt, truncated, or not matching the run.
 
   Attributes: ``step`` and ``directory`` of the offending checkpoint.
+
+  Raised ``from`` an underlying error whose text the detail embeds (``f"... ({e!r})"``), the
+  message (``str``) carries a summary of that error instead: its innermost cause's type and first
+  line (``short_cause``), not an orbax repr that dumps a whole TensorStore spec (2,000 characters
+  and more). ``full_message`` keeps the detail as written; the traceback chain keeps the cause.
   """
 
   def __init__(self, step: int, directory: str, detail: str):
     super().__init__(f"checkpoint at step {step} in {directory}: {detail}")
     self.step = step
     self.directory = directory
+
+  @property
+  def full_message(self) -> str:
+    return super().__str__()
+
+  def __str__(self) -> str:
+    text = super().__str__()
+    cause = self.__cause__
+    if cause is None or isinstance(cause, CheckpointError):  # a CheckpointError is short already
+      return text
+    for embedded in (repr(cause), str(cause)):
+      if embedded and embedded in text and (len(embedded) > CAUSE_LIMIT or "\n" in embedded):
+        summary = f"{type(_innermost(cause)).__name__}: {short_cause(cause)}"
+        return text.replace(embedded, summary)
+    return text
 
 
 def host_copy(x) -> np.ndarray | None:

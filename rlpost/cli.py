@@ -6,8 +6,12 @@ prints ``error: <message>`` on one line and exits with status 2; Ctrl-C prints
 ``error: interrupted`` and exits with status 130. Anything else is a bug and keeps Python's
 traceback (exit status 1).
 
+A message longer than ``MAX_MESSAGE`` characters (an underlying library's error text, say) is
+cut to that length at a word boundary and ends with ``MORE``, a pointer to ``--debug``.
+
 The traceback of a user error is shown too with ``--debug`` on the command line (removed before
-the script's own parser sees it) or ``RLPOST_DEBUG=1`` in the environment; the exit status stays 2.
+the script's own parser sees it) or ``RLPOST_DEBUG=1`` in the environment, and the message is
+then printed in full; the exit status stays 2.
 
 ``main`` itself raises as usual, so tests and other Python callers call it directly with an
 argv list and see the exceptions.
@@ -24,6 +28,8 @@ DEBUG_FLAG = "--debug"
 DEBUG_ENV = "RLPOST_DEBUG"
 USAGE_STATUS = 2
 INTERRUPT_STATUS = 130
+MAX_MESSAGE = 300
+MORE = " ... (--debug for the full message)"
 
 # Exceptions that mean the input is wrong, not the code: the built-in ones, and the project's
 # own by (module, class) name. The project's modules are looked up in ``sys.modules`` only: an
@@ -32,7 +38,9 @@ INTERRUPT_STATUS = 130
 _BUILTIN_USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
                         IsADirectoryError, PermissionError, FloatingPointError)
 _PROJECT_USER_ERRORS = (("rlpost.checkpoint_format", "CheckpointError"),
-                        ("rlpost.train.guards", "TrainingStalled"))
+                        ("rlpost.train.guards", "TrainingStalled"),
+                        ("rlpost.paths", "StorageError"),
+                        ("rlpost.paths", "RunDirLocked"))
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:
@@ -58,6 +66,28 @@ def one_line(e: BaseException) -> str:
   """
   text = " ".join(part.strip() for part in str(e).splitlines() if part.strip())
   return text or type(e).__name__
+
+
+def full_text(e: BaseException) -> str:
+  """The exception's whole message on one line: ``one_line``, but of an error's
+  ``full_message`` where it has one (``CheckpointError``, whose ``str`` summarises the
+  underlying error)."""
+  full = getattr(e, "full_message", None)
+  if isinstance(full, str) and full.strip():
+    return " ".join(part.strip() for part in full.splitlines() if part.strip())
+  return one_line(e)
+
+
+def shorten(message: str, limit: int = MAX_MESSAGE) -> str:
+  """``message`` if at most ``limit`` characters, else its start cut at a word boundary and
+  ending with ``MORE`` (the result is at most ``limit`` characters)."""
+  if len(message) <= limit:
+    return message
+  head = message[:limit - len(MORE)]
+  space = head.rfind(" ")
+  if space >= len(head) // 2:
+    head = head[:space]
+  return head.rstrip(" ,;:(") + MORE
 
 
 def debug_requested(argv: Sequence[str]) -> bool:
@@ -100,7 +130,7 @@ def run_main(main: Callable[[list[str]], object], argv: Sequence[str] | None = N
       raise
     if debug:
       traceback.print_exc()
-    _report(one_line(e))
+    _report(full_text(e) if debug else shorten(one_line(e)))
     sys.exit(USAGE_STATUS)
   sys.exit(0)
 

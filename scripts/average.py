@@ -38,6 +38,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from rlpost import averaging as A  # noqa: E402
+from rlpost import paths  # noqa: E402
 from rlpost.cli import run_main  # noqa: E402
 
 METHODS = ("lawa", "swa", "ema", "mwa", "uniform", "posthoc_ema")
@@ -71,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
   w.add_argument("--weight-by", default="loss", choices=sorted(A.weights.MWA_WEIGHT_FNS),
                  help="mwa weight function")
   w.add_argument("--metric", default="train/loss", help="mwa metric name")
-  w.add_argument("--metrics-file", help="metrics.jsonl with the metric per step (else read from "
-                 "the checkpoints' recorded metrics)")
+  w.add_argument("--metrics-file", help="metrics.jsonl with the metric per step (default: the "
+                 "run's own metrics.jsonl beside --ckpt-dir, else the checkpoints' recorded "
+                 "metrics)")
   w.add_argument("--sigma-rel", type=float, help="posthoc_ema target relative width")
   w.add_argument("--profile", action="append", default=[],
                  help="posthoc_ema tracked profile SIGMA_REL=KEY_RANGES (repeat per profile)")
@@ -106,8 +108,12 @@ def make_plan(args, src: A.CheckpointSource) -> A.Plan:
   if m == "mwa":
     metric = None
     if args.weight_by != "step":
+      run_metrics = os.path.join(os.path.dirname(os.path.abspath(src.directory)),
+                                 "metrics.jsonl")
       if args.metrics_file:
         table = A.metrics_from_jsonl(args.metrics_file, args.metric)
+      elif os.path.isfile(run_metrics):  # the run's own log, beside its checkpoints
+        table = A.metrics_from_jsonl(run_metrics, args.metric)
       else:
         table = {s: src.metrics(s).get(args.metric) for s in chosen}
         table = {s: v for s, v in table.items() if v is not None}
@@ -139,9 +145,27 @@ def _refuse_lora(src: A.CheckpointSource) -> None:
         "average the merged weights with scripts/export.py RUN_DIR --out DIR --average SPEC")
 
 
+def check_out(args) -> None:
+  """Before any checkpoint is read: ``--out`` must not be, contain or lie inside the checkpoint
+  directory or its run, nor lie inside any checkpoint directory or replace a run; and it must
+  be writable with room (``rlpost.paths``)."""
+  if not args.out:
+    return
+  reads = [args.ckpt_dir]
+  run = os.path.dirname(os.path.abspath(args.ckpt_dir))
+  if paths.is_run_dir(run):
+    reads.append(run)
+  paths.check_output(args.out, "--out", reads=reads, overwrite=args.overwrite)
+  if os.path.exists(args.out) and not args.overwrite:
+    raise FileExistsError(f"--out {os.path.abspath(args.out)} exists; pass --overwrite to "
+                          "replace it")
+  paths.check_writable(args.out, "--out")
+
+
 def main(argv=None) -> dict:
   args = build_parser().parse_args(argv)
   t0 = time.perf_counter()
+  check_out(args)
   progress = not args.no_progress
   if args.method == "posthoc_ema":
     sources, gammas = _posthoc_sources(args, args.ckpt_dir)
@@ -170,6 +194,11 @@ def main(argv=None) -> dict:
     load = src.load
     describe = f"leaves {src.describe_keys()} ({len(src.keys)} parameter leaves)"
     src_for_close = [src]
+  # ``CheckpointSource.steps`` lists incomplete checkpoint directories too, so the selection is
+  # what it would be were they intact; one it selects is refused (naming it) before anything is
+  # read, and ``--end`` or ``--start`` selects around it.
+  chosen = {i[0] if isinstance(i, tuple) else i for i, w in zip(plan.items, plan.weights) if w}
+  src_for_close[0].refuse_incomplete(sorted(chosen))
   print(f"{plan.describe()}\n  from {os.path.abspath(args.ckpt_dir)}; {describe}")
   if args.dry_run:
     return {"plan": plan}

@@ -165,3 +165,40 @@ def test_project_errors_are_user_errors():
   assert cli.is_user_error(guards.TrainingStalled("stalled"))
   assert not cli.is_user_error(RuntimeError("bug"))
   assert not cli.is_user_error(KeyError("bug"))
+
+
+def test_run_main_cuts_a_long_message_and_debug_shows_it_whole(capsys, monkeypatch):
+  """A 2,170-character message (an orbax repr) was printed whole on one line."""
+  monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+  text = "checkpoint at step 30 in /runs/x: cannot read the state (" + "spec, " * 360 + ")"
+  assert len(text) > 2000
+
+  def bad(argv):
+    raise ValueError(text)
+
+  code, err = _exit_of(bad, [], capsys)
+  assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+  line = err.rstrip("\n")
+  assert len(line) <= len("error: ") + cli.MAX_MESSAGE, len(line)
+  assert line.startswith("error: checkpoint at step 30 in /runs/x: cannot read the state")
+  assert line.endswith(" ... (--debug for the full message)")
+  code, err = _exit_of(bad, ["--debug"], capsys)
+  assert code == 2 and "Traceback" in err and err.endswith(f"error: {text}\n")
+  assert cli.shorten("x" * cli.MAX_MESSAGE) == "x" * cli.MAX_MESSAGE  # at the limit: whole
+
+
+def test_run_main_debug_prints_a_checkpoint_errors_full_message(capsys, monkeypatch):
+  """``CheckpointError`` summarises the error it wraps; ``--debug`` prints the detail whole."""
+  from rlpost.checkpoint_format import CheckpointError
+
+  monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+  inner = ValueError("DATA_LOSS: bad manifest\n" + "  'driver': 'zarr',\n" * 100)
+
+  def bad(argv):
+    raise CheckpointError(3, "/d", f"cannot read the state ({inner!r})") from inner
+
+  code, err = _exit_of(bad, [], capsys)
+  assert (code, err) == (2, "error: checkpoint at step 3 in /d: cannot read the state "
+                            "(ValueError: DATA_LOSS: bad manifest)\n")
+  code, err = _exit_of(bad, ["--debug"], capsys)
+  assert code == 2 and err.rstrip("\n").splitlines()[-1].count("'driver': 'zarr'") == 100

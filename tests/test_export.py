@@ -286,7 +286,8 @@ def _bad_cases(run_dir: str, tmp) -> dict:
       "bad_spec": ([run_dir, "--out", out, "--average", "lawa:k=9"], "k=9 checkpoints"),
       "unknown_method": ([run_dir, "--out", out, "--average", "soup:k=2"],
                          "unknown averaging method 'soup'"),
-      "out_is_the_run": ([run_dir, "--out", run_dir, "--overwrite"], "holds the run"),
+      "out_is_the_run": ([run_dir, "--out", run_dir, "--overwrite"],
+                         "is the directory this command reads"),
   }
 
 

@@ -28,6 +28,10 @@ rlpost's run loop, or damaged) is refused unless the source is opened with ``ver
 file that cannot be read or parsed (a truncated array chunk, metadata JSON or OCDBT manifest)
 raises ``rlpost.checkpoint_format.CheckpointError`` (the class ``rlpost.train.checkpoint``
 re-exports) naming the step, the file or directory, and the first line of the underlying error.
+A step directory without its state or meta item (``scan_steps``) stays among the steps, so a
+selection (the latest, the last k) is what it would be were it intact, and selecting it raises
+``CheckpointError`` naming it, as a resumed run refuses a damaged latest checkpoint; steps chosen
+around it (``--step``, ``--end``) are read as usual.
 
 ``write_params`` writes an averaged parameter tree (same flat layout, readable with
 ``rlpost.train.checkpoint.load_params(out/"params", like)``) plus ``averaging.json`` into a
@@ -48,8 +52,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorstore as ts
 
+from rlpost import paths
 from rlpost.checkpoint_format import (INTEGRITY_KEY, META_ITEM, STATE_ITEM, CheckpointError,
-                                     crc32_of, flat_key, host_copy, read_tree, write_tree)
+                                     crc32_of, flat_key, host_copy, read_tree, short_cause,
+                                     write_tree)
 
 Params = Any
 
@@ -98,30 +104,58 @@ def parse_key_ranges(spec: str) -> list[int]:
   return out
 
 
-def short_cause(e: BaseException, limit: int = 200) -> str:
-  """The first line of the innermost error behind ``e`` (its ``__cause__`` chain), at most
-  ``limit`` characters: TensorStore wraps a one-line reason in a dump of its whole spec."""
-  seen = {id(e)}
-  while e.__cause__ is not None and id(e.__cause__) not in seen:
-    e = e.__cause__
-    seen.add(id(e))
-  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-  text = lines[0] if lines else type(e).__name__
-  return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def list_steps(directory: str) -> list[int]:
-  """Steps of the complete checkpoints in ``directory`` (orbax's temporary dirs are skipped)."""
+def _require_directory(directory: str) -> None:
   if os.path.exists(directory) and not os.path.isdir(directory):
     raise NotADirectoryError(f"checkpoint directory {directory} is a file, not a directory")
   if not os.path.isdir(directory):
     raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
-  steps = []
+
+
+def scan_steps(directory: str, items: Sequence[str] = (STATE_ITEM, META_ITEM)
+               ) -> tuple[list[int], dict[int, str]]:
+  """(the steps of every checkpoint directory in ``directory``, {step: what it lacks}).
+
+  A checkpoint directory is an entry named by a step number (orbax's temporary directories,
+  ``<step>.orbax-checkpoint-tmp-...``, are not); it is incomplete when it is not a directory or
+  lacks one of ``items`` (a directory each). These are the steps ``Checkpointer`` (and so a
+  resumed run) sees: an incomplete one is damaged, never silently left out.
+  """
+  _require_directory(directory)
+  steps, incomplete = [], {}
   for name in os.listdir(directory):
-    path = os.path.join(directory, name)
-    if name.isdigit() and os.path.isdir(os.path.join(path, STATE_ITEM)):
-      steps.append(int(name))
-  return sorted(steps)
+    if not name.isdigit():
+      continue
+    step, path = int(name), os.path.join(directory, name)
+    steps.append(step)
+    if not os.path.isdir(path):
+      incomplete[step] = "is a file, not a checkpoint directory"
+      continue
+    missing = [item for item in items if not os.path.isdir(os.path.join(path, item))]
+    if missing:
+      incomplete[step] = f"has no {' or '.join(i + '/' for i in missing)} item"
+  return sorted(steps), incomplete
+
+
+def list_steps(directory: str) -> list[int]:
+  """Steps of the checkpoints in ``directory`` holding a state item (``scan_steps`` lists the
+  others too)."""
+  steps, incomplete = scan_steps(directory, items=(STATE_ITEM,))
+  return [s for s in steps if s not in incomplete]
+
+
+def incomplete_error(directory: str, step: int, what: str) -> CheckpointError:
+  """The error for checkpoint ``step`` of ``directory`` that ``scan_steps`` found incomplete."""
+  path = os.path.join(directory, str(int(step)))
+  return CheckpointError(step, directory, f"{path} {what} (damaged or partly deleted); select "
+                         "other steps explicitly (scripts/export.py --step, scripts/average.py "
+                         "--end) or move it aside")
+
+
+def refuse_incomplete(directory: str, steps: Sequence[int], incomplete: dict[int, str]) -> None:
+  """Raise ``incomplete_error`` for the first of ``steps`` that is in ``incomplete``."""
+  for step in steps:
+    if step in incomplete:
+      raise incomplete_error(directory, step, incomplete[step])
 
 
 class CheckpointSource:
@@ -135,15 +169,20 @@ class CheckpointSource:
   verify: check each loaded leaf against the meta item's integrity manifest (the default); a
     checkpoint without one is an error. ``False`` reads checkpoints written by other tools (plain
     orbax) unchecked.
+
+  ``steps`` lists every checkpoint directory, incomplete ones too (``scan_steps``: without a
+  state item, or without a meta item when verifying), so a selection over ``steps`` is what it
+  would be were they intact, and reading an incomplete one raises ``CheckpointError`` naming it.
+  ``keys="auto"`` and ``run_config`` read the latest complete checkpoint.
   """
 
   def __init__(self, directory: str, *, like: Any = None, select: Callable | None = None,
                keys: str | Sequence[int | str] | None = None, shardings: Any = None,
                verify: bool = True):
     self.directory = os.path.abspath(directory)
-    self.steps = list_steps(self.directory)
     self.verify = verify
-    self._ckptr = ocp.PyTreeCheckpointer()
+    self.steps, self.incomplete = scan_steps(
+        self.directory, items=(STATE_ITEM, META_ITEM) if verify else (STATE_ITEM,))
     self._treedef = None
     if like is not None:
       if keys is not None:
@@ -168,6 +207,20 @@ class CheckpointSource:
     if step not in self.steps:
       raise ValueError(f"no checkpoint at step {step} in {self.directory} "
                        f"(available: {self.steps})")
+    refuse_incomplete(self.directory, [step], self.incomplete)
+
+  def refuse_incomplete(self, steps: Sequence[int]) -> None:
+    """Raise ``CheckpointError`` for the first of ``steps`` whose directory is incomplete."""
+    refuse_incomplete(self.directory, steps, self.incomplete)
+
+  def _latest_complete(self) -> int:
+    """The latest complete checkpoint (``keys="auto"`` reads its layout)."""
+    complete = [s for s in self.steps if s not in self.incomplete]
+    if not complete:
+      if self.steps:
+        raise incomplete_error(self.directory, self.steps[-1], self.incomplete[self.steps[-1]])
+      raise ValueError(f"no checkpoints in {self.directory}")
+    return complete[-1]
 
   def stored_keys(self, step: int) -> list[str]:
     """The flat keys stored at ``step``, from the checkpoint's JSON tree metadata."""
@@ -243,23 +296,22 @@ class CheckpointSource:
     if isinstance(keys, str) and keys not in ("auto", "all"):
       keys = parse_key_ranges(keys)
     if isinstance(keys, str):
-      if not self.steps:
-        raise ValueError(f"no checkpoints in {self.directory}")
-      names = self.stored_keys(self.steps[-1])
+      ref = self._latest_complete()
+      names = self.stored_keys(ref)
       if keys == "all":
         return names
-      declared = self._declared_param_leaves(self.steps[-1])
+      declared = self._declared_param_leaves(ref)
       if declared is not None:
         return names[:declared]
       out = []
       for k in names:
-        md = self.leaf_metadata(self.steps[-1], [k])
+        md = self.leaf_metadata(ref, [k])
         if k not in md or not jnp.issubdtype(md[k][1], jnp.floating):
           break
         out.append(k)
       if not out:
         raise ValueError(f"keys='auto' found no leading floating-point leaves at step "
-                         f"{self.steps[-1]}; pass keys explicitly")
+                         f"{ref}; pass keys explicitly")
       return out
     return [flat_key(k) if isinstance(k, (int, np.integer)) else str(k) for k in keys]
 
@@ -323,8 +375,10 @@ class CheckpointSource:
     restore_args = {k: ocp.ArrayRestoreArgs(sharding=s, global_shape=spec[k][0], dtype=spec[k][1])
                     for k, s in zip(self.keys, self._shardings)}
     try:
-      out = self._ckptr.restore(self._state_path(step), args=ocp.args.PyTreeRestore(
-          item=abstract, restore_args=restore_args, partial_restore=True))
+      # A checkpointer per read, closed on every path (a failed read included).
+      with ocp.PyTreeCheckpointer() as ckptr:
+        out = ckptr.restore(self._state_path(step), args=ocp.args.PyTreeRestore(
+            item=abstract, restore_args=restore_args, partial_restore=True))
       values = [out[k] for k in self.keys]
     except Exception as e:  # noqa: BLE001 - a read failure after validate() is damaged data
       self._damaged(step, self._state_path(step),
@@ -369,8 +423,9 @@ class CheckpointSource:
 
   def run_config(self, step: int | None = None) -> dict:
     """The run config rlpost's run loop recorded in the meta item of ``step`` (default: the
-    latest checkpoint); {} when there is none."""
-    step = self.steps[-1] if step is None and self.steps else step
+    latest complete checkpoint); {} when there is none."""
+    if step is None and self.steps:
+      step = self._latest_complete()
     meta = self._meta(step) if step is not None else None
     config = meta.get("config") if isinstance(meta, dict) else None
     return config if isinstance(config, dict) else {}
@@ -378,6 +433,7 @@ class CheckpointSource:
   def metrics(self, step: int) -> dict:
     """Scalar metrics recorded for ``step``: orbax's step metrics, then the meta item's
     "metrics" dict and top-level numbers (later sources do not override earlier ones)."""
+    refuse_incomplete(self.directory, [step], self.incomplete)
     out: dict = {}
     root = os.path.join(self.directory, str(int(step)))
     path = os.path.join(root, "_CHECKPOINT_METADATA")
@@ -394,7 +450,8 @@ class CheckpointSource:
     return out
 
   def close(self) -> None:
-    self._ckptr.close()
+    """Nothing to release: each ``load`` opens and closes its own orbax checkpointer (kept so
+    ``with CheckpointSource(...)`` and ``close()`` callers need no change)."""
 
   def __enter__(self):
     return self
@@ -423,6 +480,8 @@ def write_params(out_dir: str, params: Params, info: dict, *, overwrite: bool = 
   (``rlpost.checkpoint_format.write_tree``); on any error the temporary directory is removed and
   ``out_dir`` is untouched.
   """
+  # Never into or over a run's checkpoints, nor over a run (``rlpost.paths.check_output``).
+  paths.check_output(out_dir, "output", overwrite=overwrite)
   if os.path.exists(out_dir) and not overwrite:
     raise FileExistsError(f"{os.path.abspath(out_dir)} exists; pass overwrite=True (--overwrite) "
                           f"to replace it")

@@ -37,11 +37,18 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Callable, NamedTuple, Optional
+import typing
+from typing import Any, Callable, NamedTuple, Optional
 
+import jax
+import jax.numpy as jnp
+
+from rlpost import typecheck
 from rlpost.objectives import advantages as A
-from rlpost.objectives.base import AdvantageTransform, Recipe, RecipeContext, chain, make_recipe
+from rlpost.objectives.base import (AdvantageTransform, Recipe, RecipeContext, chain,
+                                    compute_advantages, make_recipe)
 from rlpost.objectives.losses import PolicyLossConfig
+from rlpost.types import RolloutBatch
 
 __all__ = [
     "Recipe",
@@ -62,6 +69,8 @@ __all__ = [
     "get_recipe",
     "list_recipes",
     "default_overlong_buffer",
+    "check_override_types",
+    "learns_from_singleton_groups",
 ]
 
 
@@ -519,6 +528,81 @@ def get_recipe(name: str, context: Optional[RecipeContext] = None, **overrides) 
   if loss_changes:
     recipe = recipe.with_loss(**loss_changes)
   return recipe.replace(name=name)
+
+
+def _type_hints(obj: Any) -> dict:
+  """``typing.get_type_hints(obj)``, or {} where an annotation cannot be resolved."""
+  try:
+    return typing.get_type_hints(obj)
+  except Exception:  # noqa: BLE001 - unresolvable annotations leave the value unchecked
+    return {}
+
+
+def check_override_types(name: str, overrides: dict) -> None:
+  """Raises TypeError naming the first override of ``get_recipe(name, **overrides)`` whose value
+  does not have the type its factory argument or ``PolicyLossConfig`` field declares.
+
+  The types come from the factory's annotations (an argument without a usable annotation is
+  checked against its default's type where the default is a bool, int, float or string), so a
+  registered recipe is checked like the built-in ones. Unknown recipes and override names are
+  left to ``get_recipe``, which reports them. Meant for overrides read from a config (JSON
+  values); ``get_recipe`` itself does not check types.
+  """
+  factory = _REGISTRY.get(name)
+  if factory is None:
+    return
+  params = inspect.signature(factory).parameters
+  hints = _type_hints(factory)
+  loss_hints = _type_hints(PolicyLossConfig)
+  for key, value in overrides.items():
+    if key in params:
+      hint = hints.get(key)
+      default = params[key].default
+      if hint is None and type(default) in (bool, int, float, str):
+        # Without an annotation an integer default may stand for a number (``eps=0``).
+        hint = float if type(default) is int else type(default)
+    else:
+      hint = loss_hints.get(key)
+    if hint is not None and not typecheck.matches(value, hint):
+      what = "argument" if key in params else "loss field"
+      raise TypeError(f"{what} {key!r} of recipe {name!r} must be {typecheck.describe(hint)}, got "
+                      f"{value!r}")
+
+
+def learns_from_singleton_groups(recipe: Recipe) -> bool:
+  """Whether ``recipe``'s advantages can be non-zero when every group has a single rollout.
+
+  Runs the recipe's advantage chain on a probe batch of four one-rollout groups with distinct
+  rewards and lengths, every optional input given (log-probs, entropy, a PRNG key). A
+  group-relative baseline (group mean, median, leave-one-out; GRPO, Dr.GRPO, DAPO, RLOO,
+  MC-GRPO, ...) gives every singleton an advantage of exactly 0, so such a recipe's policy
+  gradient is 0 with G = 1; a chain with a batch-level baseline or none keeps advantages that
+  are not all 0. A chain that cannot run on the probe counts as learning (it cannot be judged
+  here, and fails with its own message when it runs).
+  """
+  b, t = 4, 4
+  lengths = jnp.arange(1, b + 1)
+  mask = jnp.arange(t)[None, :] < lengths[:, None]
+  rewards = jnp.asarray([0.0, 1.0, 0.25, 0.5], jnp.float32)
+  logp = jnp.full((b, t), -1.0, jnp.float32)
+  batch = RolloutBatch(
+      group_id=jnp.arange(b, dtype=jnp.int32),
+      valid=jnp.ones((b,), bool),
+      tokens=jnp.ones((b, t), jnp.int32),
+      token_mask=mask,
+      rewards=rewards,
+      behaviour_logp=logp,
+      current_logp=logp,
+      ref_logp=logp - 0.5,
+      correct=rewards >= 1.0,
+      entropy=jnp.full((b, t), 0.5, jnp.float32),
+  )
+  try:
+    adv, _ = compute_advantages(recipe.advantage, batch, key=jax.random.key(0))
+  except Exception:  # noqa: BLE001 - an unjudgeable chain is not refused
+    return True
+  weights = adv.weights if adv.values.ndim == 1 else adv.weights[:, None]
+  return bool(jnp.any((adv.values != 0) & (weights != 0)))
 
 
 for _name, _factory in (

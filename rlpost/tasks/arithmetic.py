@@ -123,6 +123,7 @@ class ArithmeticTask(base.SyntheticTask):
 
   name = "arithmetic"
   has_graded_reward = True
+  spec_class = ArithmeticSpec
 
   def score(self, completion: str, finished: bool, record: dict) -> float:
     return reference_reward(completion, finished, record["answer"],

@@ -23,13 +23,16 @@ Shape legend: N records of a split, Tp prompt buffer, A answer buffer, B rows, T
 from __future__ import annotations
 
 import abc
+import dataclasses
 import importlib
+import typing
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlpost import typecheck
 from rlpost.tokenizer import Tokenizer, pad
 
 SPLITS = ("train", "test")
@@ -197,12 +200,45 @@ def host_reward(fn, tokens, mask, idx, *, split_id: int):
   return r, r >= 1.0
 
 
+def check_spec(task: str, spec_class: type, spec: Any) -> None:
+  """Checks a task's ``task_spec`` against its spec dataclass ``spec_class``: a dict, no unknown
+  fields (the known ones listed), each value of its field's type, and the values the dataclass
+  accepts (its ``__post_init__``). Raises ValueError naming config key 'task_spec' and the
+  field."""
+  head = f"config key 'task_spec' (task {task!r})"
+  if not isinstance(spec, dict):
+    raise ValueError(f"{head}: must be a dict of fields, got {spec!r}")
+  fields = [f.name for f in dataclasses.fields(spec_class)]
+  unknown = sorted(set(spec) - set(fields))
+  if unknown:
+    raise ValueError(f"{head}: unknown field(s) {unknown}; known: {fields}")
+  hints = typing.get_type_hints(spec_class)
+  for name, value in spec.items():
+    hint = hints.get(name)
+    if hint is not None and not typecheck.matches(value, hint):
+      raise ValueError(f"{head}: field {name!r} must be {typecheck.describe(hint)}, got "
+                       f"{value!r}")
+  try:
+    spec_class(**spec)
+  except ValueError as e:
+    raise ValueError(f"{head}: {e}") from None
+
+
 class SyntheticTask(Task):
   """A task generated locally by its tfds builder (``rlpost.tasks.builders``) from
-  ``task_spec``, ``num_train``, ``num_test`` and ``data_seed``."""
+  ``task_spec``, ``num_train``, ``num_test`` and ``data_seed``.
+
+  Attributes:
+    spec_class: the dataclass of the task's ``task_spec`` fields (checked by ``validate``:
+      known fields, their types and values); None leaves ``task_spec`` to the builder.
+  """
+
+  spec_class: type | None = None
 
   @classmethod
   def validate(cls, cfg: Any) -> None:
+    if cls.spec_class is not None:
+      check_spec(cls.name, cls.spec_class, cfg.task_spec)
     if cfg.eval_problems > cfg.num_test:
       raise ValueError(f"config key 'eval_problems': exceeds the {cfg.num_test} problems of the "
                        "test split (num_test); use eval_problems=0 for all of them (got "

@@ -28,10 +28,22 @@ MAX_DEPTH = 16
 
 @dataclasses.dataclass(frozen=True)
 class CountdownSpec:
+  """Problem distribution: a count of numbers uniform in [min_numbers, max_numbers], each in
+  [1, max_value], and targets in [1, max_target]."""
+
   min_numbers: int = 3
   max_numbers: int = 4
   max_value: int = 20
   max_target: int = 200
+
+  def __post_init__(self):
+    if not 1 <= self.min_numbers <= self.max_numbers:
+      raise ValueError(f"need 1 <= min_numbers <= max_numbers, got {self.min_numbers}, "
+                       f"{self.max_numbers}")
+    # A target below 1 can never be reached, so generation would never end.
+    for name in ("max_value", "max_target"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 def _random_expr(nums: list[int], rng: np.random.Generator) -> tuple[str, Fraction]:
@@ -162,6 +174,7 @@ class CountdownTask(base.SyntheticTask):
   """The Countdown numbers game, scored on the host (any tokenizer)."""
 
   name = "countdown"
+  spec_class = CountdownSpec
 
   def score(self, completion: str, finished: bool, record: dict) -> float:
     return score(completion, finished, record["prompt"])

@@ -287,6 +287,14 @@ class _FileTask(base.Task):
     if set(cfg.task_spec) != set(SPLITS):
       raise ValueError("config key 'task_spec': must name local files: {'train': path, 'test': "
                        f"path}} (got {cfg.task_spec!r})")
+    for split in SPLITS:
+      paths = cfg.task_spec[split]
+      many = cls.name == "math" and isinstance(paths, (list, tuple))
+      if not all(isinstance(p, str) and p for p in (paths if many else [paths])) or (
+          many and not paths):
+        kind = "a file path or a list of them" if cls.name == "math" else "a file path"
+        raise ValueError(f"config key 'task_spec': field {split!r} must be {kind}, got "
+                         f"{paths!r}")
     if "{question}" not in cfg.prompt_template:
       raise ValueError("config key 'prompt_template': must contain '{question}' (got "
                        f"{cfg.prompt_template!r})")

@@ -18,6 +18,7 @@ is ``rlpost.checkpoint_format``'s; its public names are re-exported here.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from typing import Any, Callable
@@ -36,11 +37,23 @@ __all__ = ["INTEGRITY_KEY", "CheckpointError", "Checkpointer", "crc32_of", "host
 _pp = ocp.checkpoint_managers.preservation_policy
 
 
+class _NoMissingMetricWarning(logging.Filter):
+  """Drops orbax's warning for a save without metrics: only evaluated steps carry the best
+  metric, by design (the others are kept by recency)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "did not provide metrics" not in record.getMessage()
+
+
+logging.getLogger("absl").addFilter(_NoMissingMetricWarning())
+
+
 class Checkpointer:
   """Thin wrapper over ``ocp.CheckpointManager`` for one run directory.
 
   keep_last: number of most recent checkpoints kept; best_metric (with best_mode "max" or
-  "min"): additionally keep the single best checkpoint by that metric.
+  "min"): additionally keep the single best checkpoint by that metric. The metric is stored
+  with each checkpoint that has it, so the best one survives restarts and extensions.
   """
 
   def __init__(self, directory: str, *, keep_last: int = 2, best_metric: str | None = None,
@@ -53,8 +66,12 @@ class Checkpointer:
     if best_metric is not None:
       policies.append(_pp.BestN(get_metric_fn=lambda m: m[best_metric], reverse=best_mode == "min",
                                 n=1, keep_checkpoints_without_metrics=False))
+    # ``best_fn`` makes orbax write each step's metrics into its checkpoint (the preservation
+    # policy above decides what is kept), so the best checkpoint is known again after a restart.
     options = ocp.CheckpointManagerOptions(
         preservation_policy=_pp.AnyPreservationPolicy(policies),
+        best_fn=None if best_metric is None else (lambda m: m[best_metric]),
+        best_mode=best_mode, max_to_keep=None,
         enable_async_checkpointing=async_save, create=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
 

@@ -41,7 +41,8 @@ from typing import Callable
 import jax
 from flax import nnx
 
-from rlpost import averaging
+from rlpost import averaging, paths
+from rlpost.averaging.checkpoints import refuse_incomplete, scan_steps
 from rlpost.models import hf, lora
 from rlpost.models import transformer as tfm
 from rlpost.tasks.tokenizer import CharTokenizer
@@ -91,7 +92,7 @@ def plan_export(run_dir: str, out: str, *, step: int | None = None, average: str
   Args:
     run_dir: a run directory (``rlpost.train.loop.run``): config.json and checkpoints/.
     out: the Hugging Face directory to create; an existing non-empty one only with ``overwrite``.
-    step: the checkpoint to export (default: the latest complete one).
+    step: the checkpoint to export (default: the latest step directory).
     average: an ``rlpost.averaging`` spec (``averaging.plan_from_spec``) to export the average of
       the run's checkpoints instead; excludes ``step``.
     overwrite: replace a non-empty ``out``.
@@ -99,7 +100,10 @@ def plan_export(run_dir: str, out: str, *, step: int | None = None, average: str
   Raises ValueError / FileNotFoundError / FileExistsError / NotADirectoryError with one line
   naming the input: both ``step`` and ``average``, a ``run_dir`` that is not a run (the missing
   file), a ``step`` without a checkpoint (listing those there are), a bad spec, an ``out`` that
-  is a file, is not empty, or would hold the run itself, or a policy directory that is gone.
+  is a file, is not empty, or would hold the run itself, or a policy directory that is gone; and
+  ``CheckpointError`` naming the step and its directory when the checkpoint to export (by
+  default the latest step directory), or one the average selects, is incomplete
+  (``averaging.checkpoints.scan_steps``: no state/ or meta/ item).
   """
   if step is not None and average is not None:
     raise ValueError("--step and --average exclude each other: export one checkpoint or an "
@@ -113,7 +117,10 @@ def plan_export(run_dir: str, out: str, *, step: int | None = None, average: str
   ckpt_dir = os.path.join(run_dir, CHECKPOINTS)
   if not os.path.isdir(ckpt_dir):
     raise FileNotFoundError(f"{run_dir} is not a run directory: it has no {CHECKPOINTS}/")
-  steps = averaging.list_steps(ckpt_dir)
+  # Every checkpoint directory takes part in the selection, incomplete ones too, so a damaged
+  # latest step is refused (as a resumed run refuses it) rather than silently passed over; an
+  # explicit --step, or an average whose selection leaves it out, still reads the others.
+  steps, incomplete = scan_steps(ckpt_dir)
   if not steps:
     raise FileNotFoundError(f"{ckpt_dir} holds no complete checkpoint")
   if average is not None:
@@ -125,6 +132,7 @@ def plan_export(run_dir: str, out: str, *, step: int | None = None, average: str
       raise ValueError(f"no checkpoint at step {step} in {ckpt_dir}; available steps: "
                        f"{', '.join(map(str, steps))}")
     plan = averaging.plan_uniform([step], method="step")
+  refuse_incomplete(ckpt_dir, [s for s, w in zip(plan.items, plan.weights) if w != 0], incomplete)
   replace = _check_out(os.path.abspath(out), run_dir, overwrite)
   policy = config.get("policy") or ""
   if policy and not os.path.isfile(os.path.join(policy, hf.CONFIG_NAME)):
@@ -141,16 +149,18 @@ def _read_run_config(run_dir: str) -> dict:
 
 
 def _check_out(out: str, run_dir: str, overwrite: bool) -> bool:
-  """Whether ``out`` exists and is to be replaced; raises if it must not be touched."""
-  if run_dir == out or run_dir.startswith(out.rstrip(os.sep) + os.sep):
-    raise ValueError(f"--out {out} holds the run {run_dir}; choose another directory")
-  if not os.path.exists(out):
-    return False
-  if not os.path.isdir(out):
+  """Whether ``out`` exists and is to be replaced; raises if it must not be touched: it is,
+  contains or lies inside the run, lies inside a checkpoint directory or replaces a run
+  (``paths.check_output``), is a file, is not empty without ``overwrite``, or is not writable
+  with room (``paths.check_writable``)."""
+  paths.check_output(out, "--out", reads=[run_dir], overwrite=overwrite)
+  exists = os.path.exists(out)
+  if exists and not os.path.isdir(out):
     raise NotADirectoryError(f"--out {out} is a file")
-  if os.listdir(out) and not overwrite:
+  if exists and os.listdir(out) and not overwrite:
     raise FileExistsError(f"--out {out} exists and is not empty; pass --overwrite to replace it")
-  return True
+  paths.check_writable(out, "--out")
+  return exists
 
 
 def model_config(plan: ExportPlan, log: Callable[[str], None] = print

@@ -13,6 +13,9 @@ in the step metrics the trainer already returns:
 * ``grad_norm`` exactly 0: nothing reaches the optimizer. (Not the loss value: a policy-gradient
   surrogate is 0 by value at ratio 1, e.g. GRPO's with zero-mean advantages, while its gradient
   is not.)
+* a collapse, flagged within ``COLLAPSE_WINDOW`` steps whatever the patience: ``accuracy``
+  exactly 0 (no correct rollout) after correct rollouts or a positive pass@1 were seen, or test
+  pass@1 falling to 0 from a positive value (``check_eval``).
 
 ``Guards.check(step, metrics)`` returns the alarms raised at that step (each names the metric,
 its value, the step and what it means), once per episode: an alarm re-arms when its condition
@@ -42,6 +45,9 @@ class Alarm:
   def __str__(self) -> str:
     held = f" for {self.steps} consecutive steps" if self.steps > 1 else ""
     return f"step {self.step}: {self.metric} = {self.value:.4g}{held}: {self.message}"
+
+
+COLLAPSE_WINDOW = 3  # consecutive steps without a correct rollout that flag a collapse
 
 
 class TrainingStalled(RuntimeError):
@@ -81,7 +87,16 @@ class Guards:
         _Rule("grad_norm", lambda v: v == 0.0, patience,
               "the gradient is exactly zero: nothing reaches the optimizer"),
     ]
+    # A collapse is flagged at once, whatever the patience: no correct rollout for a short
+    # window after correct ones were seen (``seen_correct``), or the evaluation's pass@1
+    # falling to 0 from a positive value.
+    self.rules.append(_Rule(
+        "accuracy", lambda v: v == 0.0 and self.seen_correct, min(patience, COLLAPSE_WINDOW),
+        "no rollout is correct any more: the policy has collapsed (a learning rate too high? "
+        "a broken reward?)"))
     self.runs = {r.metric: 0 for r in self.rules}
+    self.best_pass1: float | None = None
+    self.seen_correct = False
 
   def check(self, step: int, metrics: dict) -> list[Alarm]:
     alarms = []
@@ -92,6 +107,26 @@ class Guards:
       self.runs[r.metric] = self.runs[r.metric] + 1 if r.bad(value) else 0
       if self.runs[r.metric] == r.patience:
         alarms.append(Alarm(r.metric, value, step, self.runs[r.metric], r.message))
+    if float(metrics.get("accuracy", 0.0)) > 0:
+      self.seen_correct = True
+    return alarms
+
+
+  def check_eval(self, step: int, evals: dict) -> list[Alarm]:
+    """Alarms of an evaluation at ``step`` (``evals`` holds ``pass@1``): pass@1 0 after a
+    positive pass@1 at an earlier evaluation (once per episode, re-armed when it recovers)."""
+    value = evals.get("pass@1")
+    if value is None:
+      return []
+    value = float(value)
+    alarms = []
+    if value == 0.0 and self.best_pass1 and not self.runs.get("eval/pass@1"):
+      alarms.append(Alarm("eval/pass@1", value, step, 1,
+                          f"test pass@1 fell to 0 from {self.best_pass1:.3g}: the policy has "
+                          "collapsed (a learning rate too high? a broken reward?)"))
+    self.runs["eval/pass@1"] = int(value == 0.0 and bool(self.best_pass1))
+    self.best_pass1 = max(self.best_pass1 or 0.0, value)
+    self.seen_correct = self.seen_correct or value > 0
     return alarms
 
 

@@ -20,16 +20,19 @@ error says which step that is. The silent-failure guards (``rlpost.train.guards`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import functools
 import json
+import logging
 import os
 import time
 
 import jax
 import numpy as np
 
-from rlpost import averaging, progress as progress_lib
+from rlpost import averaging, paths, progress as progress_lib
 from rlpost.train import checkpoint, guards, tracking
 from rlpost.train.rl import RLState, Trainer, raise_if_bad
 
@@ -76,47 +79,183 @@ def _truncate_metrics(path: str, last_step: int) -> None:
   os.replace(tmp, path)
 
 
-def check_run_dir(run_dir: str, cfg) -> None:
-  """Fail early, before any data or model work, when ``run_dir`` cannot hold this run: it is a
-  file, or it holds a run with a different config (keys outside ``OPERATIONAL_KEYS``)."""
-  if os.path.exists(run_dir) and not os.path.isdir(run_dir):
-    raise NotADirectoryError(f"config key 'run_dir': {run_dir} is a file, not a directory")
-  cfg_path = os.path.join(run_dir, "config.json")
-  if not os.path.exists(cfg_path):
-    return
+def check_locations(run_dir: str, cfg) -> None:
+  """Every location the run writes (``run_dir``, ``data_dir``, and ``cache_dir`` when a warm
+  start is cached there) can be created, is writable and has ``paths.min_free_mb()`` free;
+  else one line naming the key and the path."""
+  paths.check_writable(run_dir, "config key 'run_dir'")
+  paths.check_writable(cfg.data_dir, "config key 'data_dir'")
+  if not cfg.policy and cfg.sft_steps:
+    paths.check_writable(cfg.cache_dir, "config key 'cache_dir'")
+
+
+def _stored_config(run_dir: str) -> tuple[int | None, dict | None]:
+  """(step, config) stored in the latest complete checkpoint of ``run_dir`` that has a readable
+  one (read from its JSON metadata alone); (None, None) if none has."""
+  ckpt_dir = os.path.join(run_dir, "checkpoints")
   try:
-    with open(cfg_path) as f:
-      saved = json.load(f)
-  except (OSError, json.JSONDecodeError) as e:
-    raise ValueError(f"{cfg_path} is unreadable ({e}); use another run_dir") from None
-  if not isinstance(saved, dict):
-    raise ValueError(f"{cfg_path} is not a JSON object; use another run_dir")
-  # Compared as JSON (tuples read back as lists); a key the saved config predates counts as
-  # its default value.
+    names = os.listdir(ckpt_dir)
+  except OSError:
+    return None, None
+  for step in sorted((int(n) for n in names if n.isdigit()), reverse=True):
+    step_dir = os.path.join(ckpt_dir, str(step))
+    if not any(os.path.exists(os.path.join(step_dir, m)) for m in paths._STEP_MARKERS):
+      continue
+    try:
+      with open(os.path.join(step_dir, checkpoint.META_ITEM, "metadata")) as f:
+        meta = json.load(f)
+    except (OSError, ValueError):
+      continue  # a damaged checkpoint: resume names it
+    if isinstance(meta, dict) and isinstance(meta.get("config"), dict):
+      return step, meta["config"]
+  return None, None
+
+
+def config_changes(run_dir: str, cfg) -> dict[str, dict]:
+  """``{key: {"from": stored, "to": new}}`` for every key outside ``OPERATIONAL_KEYS`` on
+  which ``cfg`` differs from the run stored in ``run_dir``: its ``config.json`` and the config
+  saved in its latest checkpoint (which outlives a deleted or edited ``config.json``). Compared
+  as JSON (tuples read back as lists); a key a stored config predates counts as its default."""
   cfg_dict = _config_json(cfg)
   defaults = json.loads(json.dumps(dataclasses.asdict(type(cfg)())))
-  changed = sorted(k for k in set(saved) | set(cfg_dict)
-                   if saved.get(k, defaults.get(k)) != cfg_dict.get(k)
-                   and k not in OPERATIONAL_KEYS)
-  if changed:
-    raise ValueError(f"{run_dir} holds a run with a different config (keys {changed}); "
-                     f"use another run_dir")
+  stored = []
+  cfg_path = os.path.join(run_dir, "config.json")
+  if os.path.exists(cfg_path):
+    try:
+      with open(cfg_path) as f:
+        saved = json.load(f)
+    except (OSError, ValueError) as e:
+      raise ValueError(f"{cfg_path} is unreadable ({e}); use another run_dir") from None
+    if not isinstance(saved, dict):
+      raise ValueError(f"{cfg_path} is not a JSON object; use another run_dir")
+    stored.append(saved)
+  step, in_ckpt = _stored_config(run_dir)
+  if in_ckpt is not None:
+    stored.append(in_ckpt)
+  changes = {}
+  for saved in stored:
+    for k in sorted(set(saved) | set(cfg_dict)):
+      old = saved.get(k, defaults.get(k))
+      if k not in OPERATIONAL_KEYS and old != cfg_dict.get(k) and k not in changes:
+        changes[k] = {"from": old, "to": cfg_dict.get(k)}
+  return changes
+
+
+def check_run_dir(run_dir: str, cfg, *, allow_config_change: bool = False) -> dict[str, dict]:
+  """Fail early, before any data or model work, when ``run_dir`` cannot hold this run: it (or
+  ``data_dir``, ``cache_dir``) is not a writable directory with room (``check_locations``),
+  or it holds a run with a different config (``config_changes``) and ``allow_config_change``
+  is not set. Returns the changes that were allowed."""
+  if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+    raise NotADirectoryError(f"config key 'run_dir': {run_dir} is a file, not a directory")
+  check_locations(run_dir, cfg)
+  changes = config_changes(run_dir, cfg)
+  if changes and not allow_config_change:
+    shown = "; ".join(f"{k}: {v['from']!r} -> {v['to']!r}" for k, v in changes.items())
+    if len(shown) > 200:
+      shown = shown[:197] + "..."
+    raise ValueError(f"{run_dir} holds a run with a different config (keys {sorted(changes)}) "
+                     f"({shown}); use another run_dir, or pass --allow-config-change "
+                     "(allow_config_change=True) to continue it with the new values")
+  return changes
 
 
 def _config_json(cfg) -> dict:
   return json.loads(json.dumps(dataclasses.asdict(cfg)))
 
 
-def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
+_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO, errno.EACCES,
+                             errno.EPERM, errno.EFBIG})
+
+
+def _storage_error(e: BaseException) -> bool:
+  """A failed write of the run's own files (disk full, read-only, quota, I/O), also when orbax
+  reports it wrapped in another exception."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS:
+      return True
+    text = str(e)
+    if any(m in text for m in ("No space left", "Read-only file system", "Disk quota",
+                                "os_error_code='28'")):
+      return True
+    e = e.__cause__ or e.__context__
+  return False
+
+
+def _storage_reason(e: BaseException) -> str:
+  """The cause of a storage failure in a few words (``No space left on device``), else the
+  start of the message."""
+  text = " ".join(str(e).split())
+  for marker in ("No space left on device", "Read-only file system", "Disk quota exceeded",
+                 "Permission denied", "Input/output error", "File too large"):
+    if marker in text:
+      return marker
+  strerror = getattr(e, "strerror", None)
+  return strerror or text[:120]
+
+
+def run(trainer: Trainer, run_dir: str, *, progress: bool = True,
+        allow_config_change: bool = False) -> dict:
   """Train ``trainer.cfg.steps`` steps in ``run_dir`` (resuming if it holds checkpoints).
 
   Returns {"state", "evals" (list of eval dicts with "step"), "resumed_from", "averages"
   ({name: averaged parameters} with ``averaging`` set, else {})}. A resume that fails (a
-  corrupt checkpoint, another config) changes nothing in ``run_dir``.
+  corrupt checkpoint, another config) changes nothing in ``run_dir``. The run holds
+  ``run_dir``'s lock (``rlpost.paths.RunLock``) throughout; a write that fails on the way (a
+  full disk) stops it with ``rlpost.paths.StorageError`` naming the file, the step and the last
+  good checkpoint.
   """
+  if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+    raise NotADirectoryError(f"config key 'run_dir': {run_dir} is a file, not a directory")
+  check_locations(run_dir, trainer.cfg)
+  lock = paths.hold_run_dir(run_dir) if _primary() else contextlib.nullcontext()
+  with lock, _held_orbax_errors() as held:
+    try:
+      return _run(trainer, run_dir, progress=progress, allow_config_change=allow_config_change)
+    except paths.StorageError:
+      held.clear()  # orbax's background threads' tracebacks of the same failure
+      raise
+
+
+class _HoldErrors(logging.Filter):
+  """Holds back the error records (with tracebacks) that orbax's background threads log when
+  a checkpoint write fails, so a storage failure is reported once, as one line."""
+
+  def __init__(self):
+    super().__init__()
+    self.records: list[logging.LogRecord] = []
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname:
+      self.records.append(record)
+      return False
+    return True
+
+  def clear(self) -> None:
+    self.records.clear()
+
+
+@contextlib.contextmanager
+def _held_orbax_errors():
+  """Within the block, orbax's error records are held; after it, those still held (a failure
+  that was not a storage error) are logged as they would have been."""
+  logger = logging.getLogger("absl")
+  hold = _HoldErrors()
+  logger.addFilter(hold)
+  try:
+    yield hold
+  finally:
+    logger.removeFilter(hold)
+    for record in hold.records:
+      logger.handle(record)
+
+
+def _run(trainer: Trainer, run_dir: str, *, progress: bool, allow_config_change: bool) -> dict:
   cfg = trainer.cfg
   log = trainer.log
-  check_run_dir(run_dir, cfg)
+  changes = check_run_dir(run_dir, cfg, allow_config_change=allow_config_change)
   cfg_dict = _config_json(cfg)
   os.makedirs(run_dir, exist_ok=True)
   cfg_path = os.path.join(run_dir, "config.json")
@@ -137,12 +276,29 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
     ckpt.close()
     raise
   evals = []
-  # Written only once the resume succeeded: a failed resume leaves the directory as it was.
-  if _primary():
-    tmp = cfg_path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump(cfg_dict, f, indent=2, sort_keys=True)
-    os.replace(tmp, cfg_path)
+  last_good = resumed_from
+  where = [cfg_path, 0]  # the file being written and the step, for a storage error
+
+  def stopped(e: BaseException) -> paths.StorageError:
+    # Complete checkpoints only: orbax renames a step's directory into place when it is whole.
+    done = [int(n) for n in os.listdir(ckpt.directory) if n.isdigit()]
+    at = (f"the last complete checkpoint is step {max(done)} in {ckpt.directory}" if done
+          else "no checkpoint is complete")
+    what = ("a checkpoint in " + ckpt.directory if where[0].startswith(ckpt.directory)
+            else where[0])
+    return paths.StorageError(f"cannot write {what} at step {where[1]} ({_storage_reason(e)}); "
+                              f"run stopped, {at}")
+
+  try:
+    # Written only once the resume succeeded: a failed resume leaves the directory as it was.
+    if _primary():
+      tmp = cfg_path + ".tmp"
+      with open(tmp, "w") as f:
+        json.dump(cfg_dict, f, indent=2, sort_keys=True)
+      os.replace(tmp, cfg_path)
+  except OSError as e:
+    ckpt.close()
+    raise (stopped(e) if _storage_error(e) else e) from None
   if resumed_from is not None:
     if tracker:
       restored, tracker.state = restored
@@ -150,6 +306,10 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
     evals = meta.get("evals", [])
     _truncate_metrics(metrics_path, resumed_from)
     log(f"resumed {run_dir} from step {resumed_from}")
+    if changes:
+      log(f"config changed on resume (allowed): "
+          + "; ".join(f"{k}: {v['from']!r} -> {v['to']!r}" for k, v in changes.items()))
+      _append(metrics_path, {"step": resumed_from, "config_change": changes})
     if resumed_from >= cfg.steps:
       log(f"run already finished at step {resumed_from} (steps={cfg.steps}); nothing to do")
       ckpt.close()
@@ -169,11 +329,13 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
   curve_png = os.path.join(run_dir, "learning_curve.png")
   bar = None
 
+  def say(text: str) -> None:
+    progress_lib.message(bar, log, text)
+
   def do_eval(step: int):
     t0 = time.perf_counter()
     extra = f" (and {len(tracker.names)} weight averages)" if tracker and step > 0 else ""
-    progress_lib.message(bar, log, f"evaluating {n_eval} test problems x {cfg.eval_samples} "
-                         f"samples at step {step}{extra}...")
+    say(f"evaluating {n_eval} test problems x {cfg.eval_samples} samples at step {step}{extra}...")
     res = evaluate(state.params)
     if tracker is not None and step > 0:
       res.update(tracker.evaluate(evaluate, avg_params(state.params),
@@ -181,8 +343,10 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
     res["step"] = step
     res["eval_seconds"] = time.perf_counter() - t0
     evals.append(res)
+    where[0] = metrics_path
     _append(metrics_path, {"step": step, **{f"eval/{k}": v for k, v in res.items() if k != "step"}})
     if _primary():  # redrawn at every evaluation, so a run stopped at any point has its curve
+      where[0] = curve_png
       plot_learning_curve(metrics_path, curve_png)
     return res
 
@@ -192,27 +356,45 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
     # tools restore parameters alone.
     meta = {"config": cfg_dict, "evals": evals,
             "param_leaves": len(jax.tree.leaves(state.params))}
+    where[0] = os.path.join(ckpt.directory, str(step))
     ckpt.save(step, (state, tracker.state) if tracker else state, meta, metrics)
 
   # On resume, TensorBoard events a killed process logged after the checkpoint are purged.
-  tracker_kind = cfg.logger
-  trackers = (tracking.make_logger(tracker_kind, run_dir, cfg_dict, resume_step=resumed_from)
+  trackers = (tracking.make_logger(cfg.logger, run_dir, cfg_dict, resume_step=resumed_from,
+                                   warn=say)
               if _primary() else tracking.NullLogger())
-  guard = (guards.Guards(patience=cfg.guard_patience, truncated=cfg.guard_truncated,
-                         logp_mismatch=cfg.guard_logp_mismatch)
-           if cfg.guard_action != "off" else None)
+  guard = None
+  if cfg.guard_action != "off":
+    patience = cfg.guard_patience
+    if patience > cfg.steps:
+      patience = max(1, cfg.steps // 2)
+      log(f"note: guard_patience={cfg.guard_patience} exceeds steps={cfg.steps}; the guards "
+          f"fire after {patience} steps instead")
+    guard = guards.Guards(patience=patience, truncated=cfg.guard_truncated,
+                          logp_mismatch=cfg.guard_logp_mismatch)
+    for res in evals:  # a resumed run remembers the pass@1 it had reached
+      guard.check_eval(res["step"], res)
+
+  def alarm(step: int, alarms: list) -> None:
+    for a in alarms:  # once, on its own line above the progress bar
+      say(f"WARNING: {a}")
+      where[0] = metrics_path
+      _append(metrics_path, {"step": step, "guard/metric": a.metric, "guard/message": str(a)})
 
   start = int(state.step)
-  last_good = resumed_from
   history = []
+  closed = False
   try:
     if start == 0:
-      trackers.log(0, "eval", do_eval(0))
+      res = do_eval(0)
+      trackers.log(0, "eval", res)
+      if guard:
+        alarm(0, guard.check_eval(0, res))
     bar = progress_lib.bar(total=cfg.steps, initial=start, disable=not progress, desc="rl")
     for step in range(start + 1, cfg.steps + 1):
+      where[1] = step
       if step == start + 1:
-        progress_lib.message(bar, log, "compiling the RL step (first call of this process; "
-                             "later steps reuse it)...")
+        say("compiling the RL step (first call of this process; later steps reuse it)...")
       t0 = time.perf_counter()
       new_state, metrics = trainer.step(state)
       metrics = _to_float(metrics)
@@ -220,23 +402,24 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
         raise_if_bad(metrics, step)
       except FloatingPointError as e:
         ckpt.wait()
-        where = (f"last good checkpoint: step {last_good} in {ckpt.directory}" if last_good
-                 else "no checkpoint was saved yet")
-        raise FloatingPointError(f"{e}; run stopped, {where}") from None
+        at = (f"last good checkpoint: step {last_good} in {ckpt.directory}" if last_good
+              else "no checkpoint was saved yet")
+        raise FloatingPointError(f"{e}; run stopped, {at}") from None
       state = new_state
       if tracker is not None:
         tracker.update(avg_params(state.params))
       metrics["step_seconds"] = time.perf_counter() - t0
       history.append(metrics)
+      where[0] = metrics_path
       _append(metrics_path, {"step": step, **{f"train/{k}": v for k, v in metrics.items()}})
       trackers.log(step, "train", metrics)
-      if step % cfg.eval_every == 0 or step == cfg.steps:
-        trackers.log(step, "eval", do_eval(step))
       alarms = guard.check(step, metrics) if guard else []
-      for alarm in alarms:  # once, on its own line above the progress bar
-        progress_lib.message(bar, log, f"WARNING: {alarm}")
-        _append(metrics_path, {"step": step, "guard/metric": alarm.metric,
-                               "guard/message": str(alarm)})
+      if step % cfg.eval_every == 0 or step == cfg.steps:
+        res = do_eval(step)
+        trackers.log(step, "eval", res)
+        if guard:
+          alarms += guard.check_eval(step, res)
+      alarm(step, alarms)
       stop = bool(alarms) and cfg.guard_action == "stop"
       if step % cfg.checkpoint_every == 0 or step == cfg.steps or stop:
         save(step, evals[-1] if evals else None)
@@ -251,11 +434,23 @@ def run(trainer: Trainer, run_dir: str, *, progress: bool = True) -> dict:
       if evals:
         post["pass@1"] = f"{evals[-1]['pass@1']:.3f}"
       bar.set_postfix(post)
+    where[0] = ckpt.directory
+    ckpt.close()
+    closed = True
+  except Exception as e:  # noqa: BLE001 - storage failures become one line; others re-raised
+    if not _storage_error(e):
+      raise
+    raise stopped(e) from None
   finally:
     if bar is not None:
       bar.close()
     trackers.close()
-    ckpt.close()
+    if not closed:
+      try:
+        ckpt.close()
+      except Exception as e:  # noqa: BLE001 - the pending save's failure, after the first error
+        if not _storage_error(e):
+          raise
   averages = tracker.results(avg_params(state.params)) if tracker is not None else {}
   return {"state": state, "evals": evals, "resumed_from": resumed_from, "averages": averages}
 

@@ -191,6 +191,9 @@ class RLConfig:
     need(self.grad_clip > 0, "grad_clip", "must be > 0")
     need(self.num_train >= 1, "num_train", "must be >= 1")
     need(self.num_test >= 1, "num_test", "must be >= 1")
+    # Seeds reach numpy (non-negative only) and JAX keys (32 bits: 2**32 would repeat seed 0).
+    for key in ("data_seed", "model_seed", "seed"):
+      need(0 <= getattr(self, key) < 2**32, key, "must be a non-negative integer below 2**32")
     need(self.eval_problems >= 0, "eval_problems", "must be >= 0 (0: the whole test split)")
     need(self.eval_batch >= 1, "eval_batch", "must be >= 1")
     need(self.max_prompt_tokens >= 0, "max_prompt_tokens", "must be >= 0")
@@ -281,10 +284,24 @@ class RLConfig:
                        f"known: {list(obj.list_recipes())}")
     # The recipe's arguments, checked now (building it is cheap) rather than after the data
     # and the SFT warm start; lengths not known yet stand in as max_new_tokens or 16.
-    build_recipe(self, self.max_new_tokens or 16)
+    recipe = build_recipe(self, self.max_new_tokens or 16)
+    # One rollout per group (DARS can merge extra rollouts into a group, so it may have more):
+    # a group-relative baseline makes every advantage 0 and the run would learn nothing.
+    singletons = self.group_size == 1 and not self.dars_schedule
+    if singletons and not obj.recipes.learns_from_singleton_groups(recipe):
+      raise ValueError(f"config key 'group_size': recipe {self.recipe!r} measures each rollout "
+                       "against its group, so with one rollout per group every advantage is "
+                       "exactly 0 and nothing is learned; use group_size >= 2 (got 1)")
     unknown = set(self.model) - {f.name for f in dataclasses.fields(tfm.TransformerConfig)}
     if unknown:
       raise ValueError(f"config key 'model': unknown TransformerConfig field(s) {sorted(unknown)}")
+    if not self.policy:
+      # The character model's config as the trainer builds it (``setup._character_config``);
+      # its vocabulary and sequence length are set there, so placeholders stand in here.
+      try:
+        tfm.TransformerConfig(**{**DEFAULT_MODEL, "vocab_size": 1, **self.model})
+      except (TypeError, ValueError) as e:
+        raise ValueError(f"config key 'model' {self.model!r}: {e}") from None
 
 
   def lora_config(self) -> lora.LoraConfig | None:
@@ -412,6 +429,7 @@ def build_recipe(cfg: RLConfig, max_len: int) -> obj.Recipe:
   size) as its context; it must need nothing the trainer does not compute (``PROVIDED``)."""
   context = obj.RecipeContext(max_length=max_len, group_size=cfg.group_size)
   try:
+    obj.recipes.check_override_types(cfg.recipe, cfg.recipe_args)
     recipe = obj.get_recipe(cfg.recipe, context, **cfg.recipe_args)
   except (TypeError, ValueError) as e:
     raise ValueError(f"config key 'recipe_args': {e}") from None

@@ -12,15 +12,27 @@ and ``close()``. Kinds, comma-separated to use several (``"tensorboard,wandb"``)
   (``wandb sync`` uploads later); ``WANDB_PROJECT`` names the project (default ``rlpost``).
   W&B cannot drop steps, so after a resume it ignores rows of steps it already holds.
 - ``none``: nothing beyond ``metrics.jsonl``.
+
+A tracker never stops or hangs a run. Each one runs on its own worker thread and every call
+(creation, ``log``, ``close``) waits at most ``timeout`` seconds (``RLPOST_TRACKER_TIMEOUT``,
+default 120). A tracker whose call raises (a full disk, a lost connection) or does not return
+in time is reported once through ``warn`` and disabled; the run goes on with ``metrics.jsonl``,
+which stays complete. TensorBoard events are written synchronously on that thread (no second
+writer thread inside the tracker that could die and leave its queue waiting forever).
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import threading
+import time
 import uuid
-from typing import Protocol
+from typing import Callable, Protocol
 
 KINDS = ("tensorboard", "wandb", "none")
+TIMEOUT_ENV = "RLPOST_TRACKER_TIMEOUT"
+DEFAULT_TIMEOUT = 120.0
 
 
 class Logger(Protocol):
@@ -43,14 +55,33 @@ class NullLogger:
 
 
 class TensorBoardLogger:
-  def __init__(self, log_dir: str, *, purge_step: int | None = None):
-    from tensorboardX import SummaryWriter
+  """Scalars in a TensorBoard event file under ``log_dir``, written and flushed at each call.
 
-    self.writer = SummaryWriter(log_dir, purge_step=purge_step)
+  purge_step: the step a resumed run continues from; TensorBoard hides the events of steps >=
+    it that an earlier process wrote (a ``SessionLog.START`` event at that step, as
+    ``tensorboardX.SummaryWriter(purge_step=...)`` writes).
+  """
+
+  def __init__(self, log_dir: str, *, purge_step: int | None = None):
+    from tensorboardX.event_file_writer import EventsWriter
+    from tensorboardX.proto.event_pb2 import Event, SessionLog
+    from tensorboardX.summary import scalar
+
+    self._event, self._scalar = Event, scalar
+    os.makedirs(log_dir, exist_ok=True)
+    self.writer = EventsWriter(os.path.join(log_dir, "events"))
+    if purge_step is not None:
+      self.writer.write_event(Event(step=purge_step, wall_time=time.time(),
+                                    session_log=SessionLog(status=SessionLog.START)))
+    self.writer.flush()
 
   def log(self, step: int, prefix: str, values: dict) -> None:
+    now = time.time()
     for tag, v in _scalars(prefix, values).items():
-      self.writer.add_scalar(tag.replace("@", "_at_"), v, step)  # TB tags allow no "@"
+      # TensorBoard tags allow no "@".
+      self.writer.write_event(self._event(wall_time=now, step=step,
+                                          summary=self._scalar(tag.replace("@", "_at_"), v)))
+    self.writer.flush()
 
   def close(self) -> None:
     self.writer.close()
@@ -83,6 +114,94 @@ class WandbLogger:
     self.run.finish()
 
 
+def timeout_seconds() -> float:
+  """The longest wait on a tracker call (``RLPOST_TRACKER_TIMEOUT``, default 120 s)."""
+  text = os.environ.get(TIMEOUT_ENV, "").strip()
+  try:
+    value = float(text) if text else DEFAULT_TIMEOUT
+  except ValueError:
+    raise ValueError(f"environment variable {TIMEOUT_ENV}={text!r} is not a number") from None
+  if not value > 0:
+    raise ValueError(f"environment variable {TIMEOUT_ENV}={text!r} must be > 0")
+  return value
+
+
+class Guarded:
+  """A tracker built and called on its own daemon thread, each call waited on for at most
+  ``timeout`` seconds; the first failure or timeout is reported through ``warn`` and disables
+  it (later calls do nothing).
+
+  make: builds the tracker (on the worker thread). Creation failures of the user's own making
+  (a ``ValueError`` or ``ImportError``, e.g. a missing package) are raised to the caller, not
+  swallowed: they are configuration errors, not runtime failures.
+  """
+
+  def __init__(self, name: str, make: Callable[[], Logger], *, warn: Callable[[str], None],
+               timeout: float | None = None):
+    self.name = name
+    self.warn = warn
+    self.timeout = timeout_seconds() if timeout is None else timeout
+    self.disabled = False
+    self.logger = None
+    self._calls: queue.Queue = queue.Queue()
+    self._thread = threading.Thread(target=self._serve, name=f"rlpost-tracker-{name}",
+                                    daemon=True)
+    self._thread.start()
+    self.logger = self._call("start", make, raise_config_errors=True)
+
+  def _serve(self) -> None:
+    while True:
+      item = self._calls.get()
+      if item is None:
+        return
+      fn, box, done = item
+      try:
+        box["value"] = fn()
+      except BaseException as e:  # noqa: BLE001 - handed back to the caller's thread
+        box["error"] = e
+      done.set()
+
+  def _call(self, what: str, fn, *, raise_config_errors: bool = False):
+    if self.disabled:
+      return None
+    box, done = {}, threading.Event()
+    self._calls.put((fn, box, done))
+    if not done.wait(self.timeout):
+      self._disable(f"{what} did not return within {self.timeout:g}s "
+                    f"({TIMEOUT_ENV} sets the limit)")
+      return None
+    err = box.get("error")
+    if err is None:
+      return box.get("value")
+    if raise_config_errors and isinstance(err, (ValueError, ImportError)):
+      self._stop()
+      raise err
+    text = " ".join(str(err).split()) or type(err).__name__
+    self._disable(f"{what} failed ({type(err).__name__}: {text[:200]})")
+    return None
+
+  def _disable(self, why: str) -> None:
+    self.disabled = True
+    self.warn(f"WARNING: tracker {self.name}: {why}; it is disabled and the run goes on "
+              "(metrics.jsonl keeps every row)")
+    self._stop()
+
+  def _stop(self) -> None:
+    self._calls.put(None)
+
+  def log(self, step: int, prefix: str, values: dict) -> None:
+    logger = self.logger
+    if logger is not None:
+      self._call(f"logging step {step}", lambda: logger.log(step, prefix, values))
+
+  def close(self) -> None:
+    logger = self.logger
+    if logger is not None and not self.disabled:
+      self._call("closing", logger.close)
+      self._stop()
+    self.logger = None
+
+
 class _Several:
   def __init__(self, loggers: list):
     self.loggers = loggers
@@ -107,20 +226,23 @@ def parse_kinds(kind: str) -> list[str]:
 
 
 def make_logger(kind: str, run_dir: str, config: dict, *,
-                resume_step: int | None = None) -> Logger:
-  """The trackers named by ``kind`` for the run in ``run_dir`` (see the module docstring);
-  ``resume_step`` is the checkpoint step a resumed run continues from."""
+                resume_step: int | None = None, warn: Callable[[str], None] = print,
+                timeout: float | None = None) -> Logger:
+  """The trackers named by ``kind`` for the run in ``run_dir`` (see the module docstring),
+  each ``Guarded``; ``resume_step`` is the checkpoint step a resumed run continues from, and
+  ``warn`` reports a tracker that fails and is disabled."""
+  kinds = [k for k in parse_kinds(kind) if k != "none"]
+  if not kinds:
+    return NullLogger()
+  purge = None if resume_step is None else resume_step + 1
+  makers = {"tensorboard": lambda: TensorBoardLogger(os.path.join(run_dir, "tb"),
+                                                      purge_step=purge),
+            "wandb": lambda: WandbLogger(run_dir, config)}
   loggers = []
   try:
-    for k in parse_kinds(kind):
-      if k == "tensorboard":
-        purge = None if resume_step is None else resume_step + 1
-        loggers.append(TensorBoardLogger(os.path.join(run_dir, "tb"), purge_step=purge))
-      elif k == "wandb":
-        loggers.append(WandbLogger(run_dir, config))
+    for k in kinds:
+      loggers.append(Guarded(k, makers[k], warn=warn, timeout=timeout))
   except BaseException:
     _Several(loggers).close()
     raise
-  if not loggers:
-    return NullLogger()
   return loggers[0] if len(loggers) == 1 else _Several(loggers)
