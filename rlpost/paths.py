@@ -29,6 +29,7 @@ import errno
 import fcntl
 import os
 import shutil
+import warnings
 
 MIN_FREE_ENV = "RLPOST_MIN_FREE_MB"
 DEFAULT_MIN_FREE_MB = 64.0
@@ -36,6 +37,10 @@ RUN_FILES = ("config.json",)
 RUN_MARKERS = ("checkpoints", "metrics.jsonl")
 # Files orbax writes into each step directory of a checkpoint directory.
 _STEP_MARKERS = ("_CHECKPOINT_METADATA", "commit_success.txt")
+
+
+# flock errors of filesystems without it (Lustre without -o flock, some FUSE and NFS mounts).
+_NO_FLOCK = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL})
 
 
 class StorageError(OSError):
@@ -101,9 +106,24 @@ def _read_only(path: str) -> bool:
 
 
 def is_run_dir(path: str) -> bool:
-  """A training run's directory: ``config.json`` beside ``checkpoints/`` or ``metrics.jsonl``."""
-  return (os.path.isdir(path) and all(os.path.isfile(os.path.join(path, f)) for f in RUN_FILES)
-          and any(os.path.exists(os.path.join(path, m)) for m in RUN_MARKERS))
+  """A training run's directory: ``config.json`` beside ``checkpoints/`` or ``metrics.jsonl``,
+  or (its ``config.json`` gone) a ``checkpoints/`` directory holding step checkpoints."""
+  if not os.path.isdir(path):
+    return False
+  if (all(os.path.isfile(os.path.join(path, f)) for f in RUN_FILES)
+      and any(os.path.exists(os.path.join(path, m)) for m in RUN_MARKERS)):
+    return True
+  return _has_steps(os.path.join(path, "checkpoints"))
+
+
+def _has_steps(path: str) -> bool:
+  """``path`` holds a numbered step directory that orbax wrote."""
+  try:
+    names = os.listdir(path)
+  except OSError:
+    return False
+  return any(n.isdigit() and any(os.path.exists(os.path.join(path, n, m)) for m in _STEP_MARKERS)
+             for n in names)
 
 
 def is_checkpoint_dir(path: str) -> bool:
@@ -114,12 +134,7 @@ def is_checkpoint_dir(path: str) -> bool:
   if os.path.basename(os.path.normpath(path)) == "checkpoints" and is_run_dir(
       os.path.dirname(os.path.abspath(path))):
     return True
-  try:
-    names = os.listdir(path)
-  except OSError:
-    return False
-  return any(n.isdigit() and any(os.path.exists(os.path.join(path, n, m)) for m in _STEP_MARKERS)
-             for n in names)
+  return _has_steps(path)
 
 
 def _inside(child: str, parent: str) -> bool:
@@ -134,27 +149,47 @@ def check_output(out: str, what: str, *, reads: tuple[str, ...] | list[str] = ()
   Always refused: ``out`` is or contains a directory in ``reads`` (what the command reads),
   lies inside a checkpoint directory, or is a run or checkpoint directory. When an existing
   ``out`` would be replaced (``overwrite``), also ``out`` lying inside a directory it reads or
-  inside any run directory. A new directory inside a run (``runs/x/lawa``) is allowed. Paths
-  are compared after resolving symbolic links.
+  inside any run directory, and ``out`` holding a run or checkpoint directory anywhere below it.
+  A new directory inside a run (``runs/x/lawa``) is allowed. The path is checked as written
+  (a symbolic link is what gets replaced) and resolved (where the data lives).
   """
+  plain = os.path.normpath(os.path.abspath(out))
   real = os.path.realpath(out)
-  replaces = overwrite and os.path.lexists(real)
+  replaces = overwrite and os.path.lexists(plain)
   for r in reads:
-    r_real = os.path.realpath(r)
-    if _inside(r_real, real) or (replaces and _inside(real, r_real)):
-      if real == r_real:
-        raise ValueError(f"{what} {out} is the directory this command reads; choose another "
-                         "directory")
-      how = "contains" if _inside(r_real, real) else "lies inside"
-      raise ValueError(f"{what} {out} {how} {r}, which this command reads; choose a directory "
-                       "outside it")
-  p = real
+    for r_path in {os.path.normpath(os.path.abspath(r)), os.path.realpath(r)}:
+      for o in (plain, real):
+        if o == r_path:
+          raise ValueError(f"{what} {out} is the directory this command reads ({r}); choose "
+                           "another directory")
+        if _inside(r_path, o) or (replaces and _inside(o, r_path)):
+          how = "contains" if _inside(r_path, o) else "lies inside"
+          raise ValueError(f"{what} {out} {how} {r}, which this command reads; choose a "
+                           "directory outside it")
+  for o in dict.fromkeys((plain, real)):
+    _check_ancestors(out, o, what, replaces)
+  if replaces and os.path.isdir(real):
+    for d, subdirs, _ in os.walk(real):  # links inside are not followed
+      for n in subdirs:
+        sub = os.path.join(d, n)
+        if is_run_dir(sub) or is_checkpoint_dir(sub):
+          raise ValueError(f"{what} {out} holds the run or checkpoints {sub}: --overwrite never "
+                           "replaces a run; choose another directory")
+
+
+def _check_ancestors(out: str, path: str, what: str, replaces: bool) -> None:
+  """``path`` (absolute) is not a run or checkpoint directory and lies in no checkpoint
+  directory, nor (when it is replaced) in a run."""
+  if is_checkpoint_dir(path):
+    raise ValueError(f"{what} {out} is a checkpoint directory; nothing replaces checkpoints, "
+                     "choose another directory")
+  p = path
   while True:
-    if p != real and is_checkpoint_dir(p):
+    if p != path and is_checkpoint_dir(p):
       raise ValueError(f"{what} {out} lies inside the checkpoint directory {p}, where it would "
                        "be taken for a training checkpoint; choose a directory outside it")
     if is_run_dir(p):
-      if p == real:
+      if p == path:
         raise ValueError(f"{what} {out} is a run directory; nothing replaces a run, choose "
                          "another directory")
       if replaces:
@@ -165,9 +200,6 @@ def check_output(out: str, what: str, *, reads: tuple[str, ...] | list[str] = ()
     if parent == p:
       break
     p = parent
-  if is_checkpoint_dir(real):
-    raise ValueError(f"{what} {out} is a checkpoint directory; nothing replaces checkpoints, "
-                     "choose another directory")
 
 
 def _lock_holder(fd: int) -> int | None:
@@ -216,6 +248,10 @@ class RunLock:
     except OSError as e:
       holder = _lock_holder(fd) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
       os.close(fd)
+      if e.errno in _NO_FLOCK:
+        warnings.warn(f"the filesystem of {run_dir} does not support flock ({e.strerror}): "
+                      "the run directory is not locked against a second writer", stacklevel=2)
+        return lock  # unlocked: nothing to release
       if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
         raise
       who = f"process {holder}" if holder else "another process"

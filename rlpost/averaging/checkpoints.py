@@ -461,14 +461,23 @@ class CheckpointSource:
 
 
 def metrics_from_jsonl(path: str, key: str) -> dict[int, float]:
-  """{step: value} of ``key`` from a run's ``metrics.jsonl`` (the last record per step wins)."""
+  """{step: value} of ``key`` from a run's ``metrics.jsonl`` (the last record per step wins).
+
+  A last line cut by a killed or running writer is skipped; a bad line elsewhere is an error
+  naming the file and line."""
   out = {}
   with open(path) as f:
-    for line in f:
-      if line.strip():
+    lines = f.readlines()
+  for i, line in enumerate(lines, 1):
+    if line.strip():
+      try:
         rec = json.loads(line)
-        if key in rec and "step" in rec:
-          out[int(rec["step"])] = float(rec[key])
+      except json.JSONDecodeError as e:
+        if i == len(lines) and not line.endswith("\n"):
+          continue
+        raise ValueError(f"{path}, line {i}: not JSON ({e.msg})") from None
+      if isinstance(rec, dict) and key in rec and "step" in rec:
+        out[int(rec["step"])] = float(rec[key])
   return out
 
 

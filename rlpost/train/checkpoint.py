@@ -10,7 +10,8 @@ CRC-32 of its bytes). ``restore`` checks the tree structure, shapes and dtypes a
 template before reading, then the checksums and finiteness of what it read, and raises
 ``CheckpointError`` naming the step and the leaf; a checkpoint without a manifest is refused.
 ``restore_latest`` walks back to the previous good checkpoint only when asked
-(``fallback=True``), moving each bad one aside (never deleting it).
+(``fallback=True``), moving each damaged one aside (never deleting it); a checkpoint of another
+run's shape (``CheckpointMismatch``) is never moved.
 
 The on-disk layout (item names, flat leaf keys, manifest, the parameter-tree writer and reader)
 is ``rlpost.checkpoint_format``'s; its public names are re-exported here.
@@ -31,7 +32,7 @@ from rlpost.checkpoint_format import (INTEGRITY_KEY, META_ITEM, STATE_ITEM, Chec
                                      abstract_dict, crc32_of, flat_dict, flat_key, host_copy,
                                      manifest, read_tree, write_tree)
 
-__all__ = ["INTEGRITY_KEY", "CheckpointError", "Checkpointer", "crc32_of", "host_copy",
+__all__ = ["INTEGRITY_KEY", "CheckpointError", "CheckpointMismatch", "Checkpointer", "crc32_of", "host_copy",
            "load_params", "manifest", "save_params", "tree_checksum"]
 
 _pp = ocp.checkpoint_managers.preservation_policy
@@ -46,6 +47,12 @@ class _NoMissingMetricWarning(logging.Filter):
 
 
 logging.getLogger("absl").addFilter(_NoMissingMetricWarning())
+
+
+class CheckpointMismatch(CheckpointError):
+  """A checkpoint whose structure, shapes or dtypes differ from this run's state: not damage,
+  another run's shape (a changed model, optimizer or averaging config). ``resume_fallback``
+  never moves such a checkpoint aside."""
 
 
 class Checkpointer:
@@ -135,13 +142,14 @@ class Checkpointer:
 
   def _check_template(self, step: int, expected: list, leaves: list) -> None:
     if len(expected) != len(leaves):
-      raise CheckpointError(step, self.directory, f"holds {len(expected)} arrays but this run's "
-                            f"state has {len(leaves)} (a different model, optimizer or config?)")
+      raise CheckpointMismatch(step, self.directory, f"holds {len(expected)} arrays but this "
+                               f"run's state has {len(leaves)} (a different model, optimizer or "
+                               "config?)")
     for i, (e, x) in enumerate(zip(expected, leaves)):
       shape, dtype = list(np.shape(x)), str(np.dtype(x.dtype))
       if e["shape"] != shape or e["dtype"] != dtype:
-        raise CheckpointError(step, self.directory, f"array {flat_key(i)} is "
-                              f"{e['dtype']}{e['shape']} but this run expects {dtype}{shape}")
+        raise CheckpointMismatch(step, self.directory, f"array {flat_key(i)} is "
+                                 f"{e['dtype']}{e['shape']} but this run expects {dtype}{shape}")
 
   def _check_values(self, step: int, expected: list | None, restored: list) -> None:
     for i, x in enumerate(restored):
@@ -167,6 +175,8 @@ class Checkpointer:
       try:
         state, meta = self.restore(step, like)
         return step, state, meta
+      except CheckpointMismatch:
+        raise  # a sound checkpoint of another run's shape: nothing to fall back from
       except CheckpointError as e:
         if not fallback:
           raise CheckpointError(step, self.directory, f"{str(e).split(': ', 1)[1]}; pass "

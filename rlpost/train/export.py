@@ -133,8 +133,8 @@ def plan_export(run_dir: str, out: str, *, step: int | None = None, average: str
                        f"{', '.join(map(str, steps))}")
     plan = averaging.plan_uniform([step], method="step")
   refuse_incomplete(ckpt_dir, [s for s, w in zip(plan.items, plan.weights) if w != 0], incomplete)
-  replace = _check_out(os.path.abspath(out), run_dir, overwrite)
   policy = config.get("policy") or ""
+  replace = _check_out(os.path.abspath(out), [run_dir] + ([policy] if policy else []), overwrite)
   if policy and not os.path.isfile(os.path.join(policy, hf.CONFIG_NAME)):
     raise FileNotFoundError(f"the run's policy {policy} has no {hf.CONFIG_NAME} (moved or "
                             "deleted?); the export needs its config and tokenizer files")
@@ -148,12 +148,12 @@ def _read_run_config(run_dir: str) -> dict:
   return hf.read_json(path)
 
 
-def _check_out(out: str, run_dir: str, overwrite: bool) -> bool:
+def _check_out(out: str, reads: list[str], overwrite: bool) -> bool:
   """Whether ``out`` exists and is to be replaced; raises if it must not be touched: it is,
-  contains or lies inside the run, lies inside a checkpoint directory or replaces a run
-  (``paths.check_output``), is a file, is not empty without ``overwrite``, or is not writable
-  with room (``paths.check_writable``)."""
-  paths.check_output(out, "--out", reads=[run_dir], overwrite=overwrite)
+  contains or lies inside what the export reads (the run, its policy directory), lies inside a
+  checkpoint directory or replaces a run (``paths.check_output``), is a file, is not empty
+  without ``overwrite``, or is not writable with room (``paths.check_writable``)."""
+  paths.check_output(out, "--out", reads=reads, overwrite=overwrite)
   exists = os.path.exists(out)
   if exists and not os.path.isdir(out):
     raise NotADirectoryError(f"--out {out} is a file")

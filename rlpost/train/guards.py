@@ -14,8 +14,8 @@ in the step metrics the trainer already returns:
   surrogate is 0 by value at ratio 1, e.g. GRPO's with zero-mean advantages, while its gradient
   is not.)
 * a collapse, flagged within ``COLLAPSE_WINDOW`` steps whatever the patience: ``accuracy``
-  exactly 0 (no correct rollout) after correct rollouts or a positive pass@1 were seen, or test
-  pass@1 falling to 0 from a positive value (``check_eval``).
+  exactly 0 (no correct rollout) after a step's accuracy or an evaluation's pass@1 reached
+  ``COLLAPSE_LEVEL``, or test pass@1 falling to 0 from at least that level (``check_eval``).
 
 ``Guards.check(step, metrics)`` returns the alarms raised at that step (each names the metric,
 its value, the step and what it means), once per episode: an alarm re-arms when its condition
@@ -48,6 +48,10 @@ class Alarm:
 
 
 COLLAPSE_WINDOW = 3  # consecutive steps without a correct rollout that flag a collapse
+# The accuracy (or pass@1) a run must have reached before a fall to 0 counts as a collapse: at
+# 0.1 a step of 32 rollouts has none correct with probability 0.9**32 = 3%, three in a row 4e-5;
+# a run hovering near 0 on a hard task is the zero-variance guard's case, not a collapse.
+COLLAPSE_LEVEL = 0.1
 
 
 class TrainingStalled(RuntimeError):
@@ -107,26 +111,28 @@ class Guards:
       self.runs[r.metric] = self.runs[r.metric] + 1 if r.bad(value) else 0
       if self.runs[r.metric] == r.patience:
         alarms.append(Alarm(r.metric, value, step, self.runs[r.metric], r.message))
-    if float(metrics.get("accuracy", 0.0)) > 0:
+    if float(metrics.get("accuracy", 0.0)) >= COLLAPSE_LEVEL:
       self.seen_correct = True
     return alarms
 
 
   def check_eval(self, step: int, evals: dict) -> list[Alarm]:
-    """Alarms of an evaluation at ``step`` (``evals`` holds ``pass@1``): pass@1 0 after a
-    positive pass@1 at an earlier evaluation (once per episode, re-armed when it recovers)."""
+    """Alarms of an evaluation at ``step`` (``evals`` holds ``pass@1``): pass@1 0 after an
+    earlier evaluation reached ``COLLAPSE_LEVEL`` (once per episode, re-armed when it
+    recovers)."""
     value = evals.get("pass@1")
     if value is None:
       return []
     value = float(value)
     alarms = []
-    if value == 0.0 and self.best_pass1 and not self.runs.get("eval/pass@1"):
+    fell = value == 0.0 and (self.best_pass1 or 0.0) >= COLLAPSE_LEVEL
+    if fell and not self.runs.get("eval/pass@1"):
       alarms.append(Alarm("eval/pass@1", value, step, 1,
                           f"test pass@1 fell to 0 from {self.best_pass1:.3g}: the policy has "
                           "collapsed (a learning rate too high? a broken reward?)"))
-    self.runs["eval/pass@1"] = int(value == 0.0 and bool(self.best_pass1))
+    self.runs["eval/pass@1"] = int(fell)
     self.best_pass1 = max(self.best_pass1 or 0.0, value)
-    self.seen_correct = self.seen_correct or value > 0
+    self.seen_correct = self.seen_correct or value >= COLLAPSE_LEVEL
     return alarms
 
 

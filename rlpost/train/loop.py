@@ -154,9 +154,9 @@ def check_run_dir(run_dir: str, cfg, *, allow_config_change: bool = False) -> di
     shown = "; ".join(f"{k}: {v['from']!r} -> {v['to']!r}" for k, v in changes.items())
     if len(shown) > 200:
       shown = shown[:197] + "..."
-    raise ValueError(f"{run_dir} holds a run with a different config (keys {sorted(changes)}) "
-                     f"({shown}); use another run_dir, or pass --allow-config-change "
-                     "(allow_config_change=True) to continue it with the new values")
+    raise ValueError(f"{run_dir} holds a run with a different config (keys {sorted(changes)}); "
+                     "use another run_dir, or pass --allow-config-change "
+                     f"(allow_config_change=True) to continue it with the new values: {shown}")
   return changes
 
 
@@ -281,14 +281,19 @@ def _run(trainer: Trainer, run_dir: str, *, progress: bool, allow_config_change:
 
   def stopped(e: BaseException) -> paths.StorageError:
     # Complete checkpoints only: orbax renames a step's directory into place when it is whole.
-    done = [int(n) for n in os.listdir(ckpt.directory) if n.isdigit()]
-    at = (f"the last complete checkpoint is step {max(done)} in {ckpt.directory}" if done
+    try:
+      done = [int(n) for n in os.listdir(ckpt.directory) if n.isdigit()]
+    except OSError:
+      done = []
+    at = (f"the last complete checkpoint is step {max(done)}" if done
           else "no checkpoint is complete")
     what = ("a checkpoint in " + ckpt.directory if where[0].startswith(ckpt.directory)
             else where[0])
-    return paths.StorageError(f"cannot write {what} at step {where[1]} ({_storage_reason(e)}); "
-                              f"run stopped, {at}")
+    return paths.StorageError(f"{_storage_reason(e)} at step {where[1]}: run stopped, {at} "
+                              f"(cannot write {what})")
 
+  # Until the training loop's own handler takes over: close the checkpoint manager on any
+  # error, and report a failed write as one line.
   try:
     # Written only once the resume succeeded: a failed resume leaves the directory as it was.
     if _primary():
@@ -296,73 +301,80 @@ def _run(trainer: Trainer, run_dir: str, *, progress: bool, allow_config_change:
       with open(tmp, "w") as f:
         json.dump(cfg_dict, f, indent=2, sort_keys=True)
       os.replace(tmp, cfg_path)
-  except OSError as e:
-    ckpt.close()
-    raise (stopped(e) if _storage_error(e) else e) from None
-  if resumed_from is not None:
-    if tracker:
-      restored, tracker.state = restored
-    state = RLState(*restored)
-    evals = meta.get("evals", [])
-    _truncate_metrics(metrics_path, resumed_from)
-    log(f"resumed {run_dir} from step {resumed_from}")
-    if changes:
-      log(f"config changed on resume (allowed): "
-          + "; ".join(f"{k}: {v['from']!r} -> {v['to']!r}" for k, v in changes.items()))
-      _append(metrics_path, {"step": resumed_from, "config_change": changes})
-    if resumed_from >= cfg.steps:
-      log(f"run already finished at step {resumed_from} (steps={cfg.steps}); nothing to do")
-      ckpt.close()
-      averages = tracker.results(avg_params(state.params)) if tracker is not None else {}
-      return {"state": state, "evals": evals, "resumed_from": resumed_from, "averages": averages}
-  else:
-    if os.path.exists(metrics_path):
-      # An earlier attempt ran but was stopped before its first checkpoint was complete.
-      log(f"no complete checkpoint in {ckpt.directory}; starting at step 0 (the metrics of the "
-          "interrupted attempt are discarded)")
-      if _primary():
-        os.remove(metrics_path)
-
-  n_test = trainer.test_data.prompt_tokens.shape[0]
-  n_eval = min(cfg.eval_problems or n_test, n_test)
-  evaluate = functools.partial(trainer.evaluate, progress=progress)
-  curve_png = os.path.join(run_dir, "learning_curve.png")
-  bar = None
-
-  def say(text: str) -> None:
-    progress_lib.message(bar, log, text)
-
-  def do_eval(step: int):
-    t0 = time.perf_counter()
-    extra = f" (and {len(tracker.names)} weight averages)" if tracker and step > 0 else ""
-    say(f"evaluating {n_eval} test problems x {cfg.eval_samples} samples at step {step}{extra}...")
-    res = evaluate(state.params)
-    if tracker is not None and step > 0:
-      res.update(tracker.evaluate(evaluate, avg_params(state.params),
-                                  keys=("pass@1", "pass@4")))
-    res["step"] = step
-    res["eval_seconds"] = time.perf_counter() - t0
-    evals.append(res)
     where[0] = metrics_path
-    _append(metrics_path, {"step": step, **{f"eval/{k}": v for k, v in res.items() if k != "step"}})
-    if _primary():  # redrawn at every evaluation, so a run stopped at any point has its curve
-      where[0] = curve_png
-      plot_learning_curve(metrics_path, curve_png)
-    return res
+    if resumed_from is not None:
+      if tracker:
+        restored, tracker.state = restored
+      state = RLState(*restored)
+      evals = meta.get("evals", [])
+      _truncate_metrics(metrics_path, resumed_from)
+      log(f"resumed {run_dir} from step {resumed_from}")
+      if changes:
+        log(f"config changed on resume (allowed): "
+            + "; ".join(f"{k}: {v['from']!r} -> {v['to']!r}" for k, v in changes.items()))
+        row = {"step": resumed_from, "config_change": changes}
+        if not os.path.exists(metrics_path) or row not in read_metrics(metrics_path):
+          _append(metrics_path, row)  # once, however often this checkpoint is resumed
+      if resumed_from >= cfg.steps:
+        log(f"run already finished at step {resumed_from} (steps={cfg.steps}); nothing to do")
+        ckpt.close()
+        averages = tracker.results(avg_params(state.params)) if tracker is not None else {}
+        return {"state": state, "evals": evals, "resumed_from": resumed_from, "averages": averages}
+    else:
+      if os.path.exists(metrics_path):
+        # An earlier attempt ran but was stopped before its first checkpoint was complete.
+        log(f"no complete checkpoint in {ckpt.directory}; starting at step 0 (the metrics of the "
+            "interrupted attempt are discarded)")
+        if _primary():
+          os.remove(metrics_path)
 
-  def save(step: int, last_eval: dict | None):
-    metrics = {"eval/pass@1": last_eval["pass@1"]} if last_eval and last_eval["step"] == step else None
-    # The parameters are the first leaves of the saved tree; saying how many lets averaging
-    # tools restore parameters alone.
-    meta = {"config": cfg_dict, "evals": evals,
-            "param_leaves": len(jax.tree.leaves(state.params))}
-    where[0] = os.path.join(ckpt.directory, str(step))
-    ckpt.save(step, (state, tracker.state) if tracker else state, meta, metrics)
+    n_test = trainer.test_data.prompt_tokens.shape[0]
+    n_eval = min(cfg.eval_problems or n_test, n_test)
+    evaluate = functools.partial(trainer.evaluate, progress=progress)
+    curve_png = os.path.join(run_dir, "learning_curve.png")
+    bar = None
 
-  # On resume, TensorBoard events a killed process logged after the checkpoint are purged.
-  trackers = (tracking.make_logger(cfg.logger, run_dir, cfg_dict, resume_step=resumed_from,
-                                   warn=say)
-              if _primary() else tracking.NullLogger())
+    def say(text: str) -> None:
+      progress_lib.message(bar, log, text)
+
+    def do_eval(step: int):
+      t0 = time.perf_counter()
+      extra = f" (and {len(tracker.names)} weight averages)" if tracker and step > 0 else ""
+      say(f"evaluating {n_eval} test problems x {cfg.eval_samples} samples at step {step}{extra}...")
+      res = evaluate(state.params)
+      if tracker is not None and step > 0:
+        res.update(tracker.evaluate(evaluate, avg_params(state.params),
+                                    keys=("pass@1", "pass@4")))
+      res["step"] = step
+      res["eval_seconds"] = time.perf_counter() - t0
+      evals.append(res)
+      where[0] = metrics_path
+      _append(metrics_path, {"step": step, **{f"eval/{k}": v for k, v in res.items() if k != "step"}})
+      if _primary():  # redrawn at every evaluation, so a run stopped at any point has its curve
+        where[0] = curve_png
+        plot_learning_curve(metrics_path, curve_png)
+      return res
+
+    def save(step: int, last_eval: dict | None):
+      metrics = {"eval/pass@1": last_eval["pass@1"]} if last_eval and last_eval["step"] == step else None
+      # The parameters are the first leaves of the saved tree; saying how many lets averaging
+      # tools restore parameters alone.
+      meta = {"config": cfg_dict, "evals": evals,
+              "param_leaves": len(jax.tree.leaves(state.params))}
+      where[0] = os.path.join(ckpt.directory, str(step))
+      ckpt.save(step, (state, tracker.state) if tracker else state, meta, metrics)
+
+    # On resume, TensorBoard events a killed process logged after the checkpoint are purged.
+    trackers = (tracking.make_logger(cfg.logger, run_dir, cfg_dict, resume_step=resumed_from,
+                                     warn=say)
+                if _primary() else tracking.NullLogger())
+  except BaseException as e:
+    with contextlib.suppress(Exception):
+      ckpt.close()
+    if isinstance(e, Exception) and _storage_error(e):
+      raise stopped(e) from None
+    raise
+
   guard = None
   if cfg.guard_action != "off":
     patience = cfg.guard_patience
@@ -440,6 +452,10 @@ def _run(trainer: Trainer, run_dir: str, *, progress: bool, allow_config_change:
   except Exception as e:  # noqa: BLE001 - storage failures become one line; others re-raised
     if not _storage_error(e):
       raise
+    # Let the saves in flight finish (or fail) first, so the message names what is complete.
+    with contextlib.suppress(Exception):
+      ckpt.close()
+    closed = True
     raise stopped(e) from None
   finally:
     if bar is not None:
