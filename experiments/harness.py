@@ -1,5 +1,5 @@
 """The one skeleton of every paper table: claims as data judged by ``rlpost.eval.stats`` (the
-protocol of shared/specs/statistics.md), and the run that produces their per-seed values.
+protocol of experiments/STATISTICS.md), and the run that produces their per-seed values.
 
 Running (``Experiment``, ``run``, ``rejudge``): a table is plain functions of plain data. Its
 units are cached by the digest of their spec, so a rerun computes only the missing ones;

@@ -63,8 +63,9 @@ class _SettlingEventLoop(asyncio.SelectorEventLoop):
           for t in pending:
             t.cancel()
           self.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        except Exception:  # noqa: BLE001 - closing must not fail; the loop is dropped anyway
-          pass
+        except Exception as e:  # noqa: BLE001 - closing must not fail; the loop is dropped anyway
+          warnings.warn(f"settling pending orbax tasks before closing their event loop failed "
+                        f"({type(e).__name__}: {e})", RuntimeWarning, stacklevel=2)
     super().close()
 
 

@@ -11,6 +11,9 @@ parameter update. ``assert_moved`` checks that on the metrics of the steps a tes
 
 from __future__ import annotations
 
+import hashlib
+import os
+
 import jax
 import numpy as np
 
@@ -51,3 +54,17 @@ def max_update_gap(a, b, start) -> tuple[float, float]:
     gap = max(gap, float(np.max(np.abs(x - y))))
     moved = max(moved, float(np.max(np.abs(y - s))))
   return gap, moved
+
+
+def tree_digest(root: str) -> dict:
+  """{relative path: sha256 of the bytes} of every file under ``root``, and "dir" for every
+  directory: equal before and after a command exactly when it changed nothing there."""
+  out = {}
+  for d, subdirs, names in os.walk(root):
+    for n in subdirs:
+      out[os.path.relpath(os.path.join(d, n), root)] = "dir"
+    for n in names:
+      path = os.path.join(d, n)
+      with open(path, "rb") as f:
+        out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+  return out

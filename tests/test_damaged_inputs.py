@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from rl_testutil import tree_digest
 from rlpost import cli
 from rlpost.checkpoint_format import CheckpointError
 from scripts import reproduce
@@ -40,33 +41,19 @@ def _exit_of(main, argv, capsys):
   return e.value.code, capsys.readouterr().err
 
 
-def _tree_digest(root) -> str:
-  """A hash of every path, file size and file content under ``root``."""
-  h = hashlib.sha256()
-  for d, dirs, files in sorted(os.walk(root)):
-    dirs.sort()
-    h.update(os.path.relpath(d, root).encode() + b"/\0")
-    for name in sorted(files):
-      path = os.path.join(d, name)
-      with open(path, "rb") as f:
-        data = f.read()
-      h.update(f"{name}\0{len(data)}\0".encode() + hashlib.sha256(data).digest())
-  return h.hexdigest()
-
-
 # ------------------------------------------------------------------------ reproduce --rejudge
 def test_rejudge_of_another_tables_results_names_the_file_and_its_table(tmp_path, capsys,
                                                                         monkeypatch):
   """dars --rejudge on mc_grpo's results.json was a TypeError traceback from dars' summarize."""
   monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
   shutil.copy(os.path.join(ROOT, "results", "mc_grpo", "results.json"), tmp_path)
-  before = _tree_digest(tmp_path)
+  before = tree_digest(tmp_path)
   code, err = _exit_of(reproduce.main, ["dars", "--rejudge", "--out", str(tmp_path)], capsys)
   path = os.path.join(str(tmp_path), "results.json")
   assert code == 2 and err.count("\n") == 1, err
   assert err.startswith(f"error: {path} holds the results of table 'mc_grpo'"), err
   assert "not of table 'dars'" in err and "Traceback" not in err
-  assert _tree_digest(tmp_path) == before  # nothing rewritten, no table.md or plots
+  assert tree_digest(tmp_path) == before  # nothing rewritten, no table.md or plots
 
 
 def test_rejudge_of_results_without_a_table_name_is_refused(tmp_path, capsys, monkeypatch):
@@ -235,7 +222,7 @@ def damaged(tmp_path_factory):
 
   def go(item):
     key, (run, args, out) = item
-    before = _tree_digest(run)
+    before = tree_digest(run)
     return key, (run, before, out, _run(args))
 
   with ThreadPoolExecutor(max_workers=4) as pool:
@@ -253,7 +240,7 @@ def test_damaged_latest_checkpoint_is_one_line_and_changes_nothing(damaged, kind
   line = lines[0]
   assert len(line) <= len("error: ") + 300, line
   assert f"checkpoint at step {LATEST} in {run / 'checkpoints'}" in line, line
-  assert _tree_digest(run) == before
+  assert tree_digest(run) == before
   assert not out.exists()
 
 
@@ -275,7 +262,7 @@ def test_steps_selected_around_an_incomplete_one_are_still_read(damaged, tool):
   run, before, out, proc = damaged["no_state", tool]
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "Event loop is closed" not in proc.stderr
-  assert _tree_digest(run) == before and out.is_dir()
+  assert tree_digest(run) == before and out.is_dir()
   info = json.loads((out / ("export.json" if tool == "export_step1" else "averaging.json"))
                     .read_text())
   assert (info["plan"] if tool == "export_step1" else info)["items"] == [1], info

@@ -1,7 +1,7 @@
 """EMA risk bounds for SGD (Li & Gu 2025): an exact simulation on Gaussian linear regression.
 
 Paper ("Understanding SGD with exponential moving average: a case study in linear regression",
-arXiv 2502.14123; abstract in shared/papers/abstracts.md): for online SGD on high-dimensional
+arXiv 2502.14123; abstract in experiments/ABSTRACTS.md): for online SGD on high-dimensional
 linear regression, (i) the variance error of SGD with EMA is always smaller than that of SGD
 without averaging, and (ii) unlike iterate averaging from the beginning, the bias error of SGD
 with EMA decays exponentially in every eigen-subspace of the data covariance.

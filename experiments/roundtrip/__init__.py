@@ -1,8 +1,8 @@
 """Round-trip consistency: bidirectional diffusion rollouts predict their own errors (CPU scale).
 
 Paper: "Round-Trip Consistency: Bidirectional Diffusion Models Can Predict Their Own Rollout
-Errors" (arXiv 2608.00675; definitions as read from its abstract, ``/work/shared/specs``'s
-round-trip spec mirrored in ``README.md``).
+Errors" (arXiv 2608.00675; definitions as read from its abstract, the
+round-trip spec as mirrored in ``README.md``).
 
 Command:  python scripts/reproduce.py roundtrip [--quick] [--seeds N] [--out DIR]
           python scripts/reproduce.py roundtrip --rejudge   # re-judge results/roundtrip (seconds)

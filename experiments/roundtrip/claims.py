@@ -1,4 +1,4 @@
-"""The paper's claims as data, judged by ``harness.judge_family`` (shared/specs/statistics.md).
+"""The paper's claims as data, judged by ``harness.judge_family`` (experiments/STATISTICS.md).
 
 Each claim of the paper (``PaperClaim``) is one or more parts; a part is a one-sample claim
 about a pre-declared per-seed summary of one system (``METRICS``) against a threshold: "above t"

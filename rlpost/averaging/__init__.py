@@ -23,7 +23,7 @@ See ``transforms``, ``weights``, ``streaming``, ``checkpoints`` and ``posthoc``.
 
 from rlpost.averaging.checkpoints import (CheckpointSource, list_steps, metrics_from_jsonl,
                                           param_key_indices, parse_key_ranges, read_params,
-                                          write_params)
+                                          scan_steps, write_params)
 from rlpost.averaging.posthoc import (Plan, average, greedy_soup, into_train_state,
                                       lawa_trajectory, plan_ema, plan_lawa, plan_mwa,
                                       plan_posthoc_ema, plan_swa, plan_uniform)

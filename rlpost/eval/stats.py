@@ -2,7 +2,7 @@
 
 Pure numpy/scipy over 1-D arrays of per-seed values (float64). Every public function rejects NaN,
 inf, empty, wrong-rank or too-short input with one ValueError naming the argument and the problem.
-The protocol these implement is ``shared/specs/statistics.md``; in short:
+The protocol these implement is ``experiments/STATISTICS.md``; in short:
 
   Intervals. With 3-10 seeds the interval method decides the verdict, so it must keep its coverage
   at that n. For normal per-seed values the Student-t interval of a mean,

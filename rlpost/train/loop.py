@@ -93,16 +93,12 @@ def _stored_config(run_dir: str) -> tuple[int | None, dict | None]:
   """(step, config) stored in the latest complete checkpoint of ``run_dir`` that has a readable
   one (read from its JSON metadata alone); (None, None) if none has."""
   ckpt_dir = os.path.join(run_dir, "checkpoints")
-  try:
-    names = os.listdir(ckpt_dir)
-  except OSError:
+  if not os.path.isdir(ckpt_dir):
     return None, None
-  for step in sorted((int(n) for n in names if n.isdigit()), reverse=True):
-    step_dir = os.path.join(ckpt_dir, str(step))
-    if not any(os.path.exists(os.path.join(step_dir, m)) for m in paths._STEP_MARKERS):
-      continue
+  steps, incomplete = averaging.scan_steps(ckpt_dir)
+  for step in reversed([s for s in steps if s not in incomplete]):
     try:
-      with open(os.path.join(step_dir, checkpoint.META_ITEM, "metadata")) as f:
+      with open(os.path.join(ckpt_dir, str(step), checkpoint.META_ITEM, "metadata")) as f:
         meta = json.load(f)
     except (OSError, ValueError):
       continue  # a damaged checkpoint: resume names it

@@ -9,7 +9,6 @@ after.
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ import pytest
 from rlpost import paths
 from rlpost.cli import is_user_error, one_line
 from rlpost.train import checkpoint, guards, loop, rl
-from rl_testutil import learning_config
+from rl_testutil import learning_config, tree_digest as digest
 from scripts import average as average_script
 from scripts import export as export_script
 
@@ -45,19 +44,6 @@ def finished(dirs, tmp_path_factory):
   trainer = rl.make_train(learning_config(dirs), log=lambda s: None)
   loop.run(trainer, run_dir, progress=False)
   return run_dir, trainer
-
-
-def digest(root: str) -> dict:
-  """{relative path: sha256} of every file under ``root``, and every directory (as "dir")."""
-  out = {}
-  for d, subdirs, names in os.walk(root):
-    for n in subdirs:
-      out[os.path.relpath(os.path.join(d, n), root)] = "dir"
-    for n in names:
-      path = os.path.join(d, n)
-      with open(path, "rb") as f:
-        out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
-  return out
 
 
 def copy_run(run_dir: str, dest) -> str:
@@ -186,7 +172,6 @@ def test_unwritable_locations_fail_before_any_work(dirs, finished, tmp_path):
   with tmpfs(tmp_path / "ro2", "1m", read_only=True) as ro:
     cfg_path = tmp_path / "cfg.json"
     cfg_path.write_text(json.dumps(dict(base, data_dir=str(tmp_path / "fresh_data"))))
-    t0 = time.time()
     res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "train.py"),
                           str(cfg_path), f"cache_dir={ro}/c", f"run_dir={tmp_path}/r2"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -195,7 +180,7 @@ def test_unwritable_locations_fail_before_any_work(dirs, finished, tmp_path):
         f"error: config key 'cache_dir': {ro}/c is not writable: its filesystem is read-only "
         f"(nothing can be created in {ro})"]
     assert not os.path.exists(tmp_path / "fresh_data") and not os.path.exists(tmp_path / "r2")
-    assert time.time() - t0 < 60
+    assert res.stdout == ""  # no data, model or warm-start work reported
   # Free space: below the stated minimum is refused, naming the variable that sets it.
   with tmpfs(tmp_path / "small", "2m") as small:
     os.environ[paths.MIN_FREE_ENV] = "4"
@@ -214,10 +199,11 @@ def _train_cmd(cfg_path, run_dir, *extra):
 @pytest.mark.slow
 @pytest.mark.parametrize("logger", ["tensorboard", "wandb", "none"])
 def test_a_full_disk_stops_the_run_with_one_line_and_it_resumes_bitwise(dirs, tmp_path, logger):
-  """D2, D8: a 20 MB filesystem filled during the run, under each tracker. The run exits 2
-  within a minute with one line naming the step and the last complete checkpoint (no hang, no
-  traceback); once space is freed, the same command resumes from that checkpoint and ends
-  bitwise equal to an uninterrupted run."""
+  """D2, D8: a 20 MB filesystem filled during the run, under each tracker. The run exits 2 with
+  one line naming the step and the last complete checkpoint (no hang, no traceback); once space
+  is freed, the same command resumes from that checkpoint and ends bitwise equal to an
+  uninterrupted run of the same config: the same jitted program on one CPU device (the
+  subprocess and this process), after asserting that the parameters moved."""
   if logger == "wandb":
     pytest.importorskip("wandb", reason="the wandb extra is not installed")
   kw = dict(steps=12, checkpoint_every=1, keep_checkpoints=100, eval_every=4, logger=logger)
@@ -234,15 +220,13 @@ def test_a_full_disk_stops_the_run_with_one_line_and_it_resumes_bitwise(dirs, tm
     filler = os.path.join(disk, "filler")
     with open(filler, "wb") as f:  # leave ~1.5 MiB: a few checkpoints, then no space
       f.write(b"\0" * (shutil.disk_usage(disk).free - 1536 * 1024))
-    t0 = time.time()
+    # A hang fails as TimeoutExpired; the run itself stops at the first failed write.
     res = subprocess.run(_train_cmd(cfg_path, run_dir), capture_output=True, text=True,
                          timeout=300, cwd=ROOT, env=env)
-    took = time.time() - t0
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2, res.stderr[-3000:]
     assert len(lines) == 1, res.stderr[-3000:]
     assert lines[0].startswith("error: No space left on device at step "), lines[0]
-    assert took < 60 + 30, took  # a minute, plus the process's start and compilation
     done = sorted(int(n) for n in os.listdir(os.path.join(run_dir, "checkpoints")) if n.isdigit())
     assert done and done[-1] < kw["steps"], done  # stopped part-way, checkpoints kept
     assert f"last complete checkpoint is step {done[-1]}" in lines[0]
@@ -290,12 +274,13 @@ def test_a_failing_tracker_is_disabled_and_never_waits_forever(tmp_path):
   g.log(2, "train", {"loss": 1.0})
   g.close()
   assert len(warnings) == 1 and "tracker raises: logging step 1 failed (OSError" in warnings[0]
-  t0 = time.time()
   h = tracking.Guarded("hangs", Hangs, warn=warnings.append, timeout=0.5)
   h.log(1, "train", {"loss": 1.0})
   h.log(2, "train", {"loss": 1.0})
   h.close()
-  assert time.time() - t0 < 5
+  # Every call returned while the tracker's own call is still blocked on its thread: the wait
+  # is bounded by the timeout, not by the tracker.
+  assert h.disabled and h._thread.is_alive() and h._thread.daemon
   assert len(warnings) == 2 and "did not return within 0.5s" in warnings[1]
   # The TensorBoard tracker writes synchronously: a write error reaches the guard at once.
   tb = tracking.make_logger("tensorboard", str(tmp_path / "r"), {}, warn=warnings.append)

@@ -21,7 +21,7 @@ from hypothesis import given, settings, strategies as st
 from rlpost.tasks import arithmetic
 from rlpost.tasks.tokenizer import CharTokenizer
 from rlpost.train import checkpoint, guards, loop, rl
-from rl_testutil import assert_moved, learning_config, max_update_gap
+from rl_testutil import assert_moved, learning_config, max_update_gap, tree_digest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -110,11 +110,11 @@ def test_corrupt_latest_checkpoint_errors_then_falls_back_only_when_asked(dirs, 
   loop.run(tiny(dirs), run_dir, progress=False)  # checkpoints at steps 2 and 4
   ckpt_dir = os.path.join(run_dir, "checkpoints")
   _damage(ckpt_dir, 4, how)
-  before = _tree_digest(run_dir)
+  before = tree_digest(run_dir)
   with pytest.raises(checkpoint.CheckpointError, match=r"step 4 .*resume_fallback"):
     loop.run(tiny(dirs, steps=6), run_dir, progress=False)
   # The failed resume changed nothing on disk (config.json, metrics, checkpoints, events).
-  assert _tree_digest(run_dir) == before
+  assert tree_digest(run_dir) == before
   assert sorted(os.listdir(ckpt_dir)) == ["2", "4"]
   messages = []
   tr = tiny(dirs, steps=6, resume_fallback=True)
@@ -126,19 +126,6 @@ def test_corrupt_latest_checkpoint_errors_then_falls_back_only_when_asked(dirs, 
   # Rows of steps 3-4 were redone from the step-2 checkpoint, once each.
   steps = [r["step"] for r in _train_rows(run_dir) if "train/loss" in r]
   assert steps == [1, 2, 3, 4, 5, 6]
-
-
-def _tree_digest(root: str) -> dict:
-  """{relative path: sha256 of the file's bytes} of every file under ``root``."""
-  import hashlib
-
-  out = {}
-  for d, _, names in os.walk(root):
-    for n in names:
-      path = os.path.join(d, n)
-      with open(path, "rb") as f:
-        out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
-  return out
 
 
 def test_checkpoint_without_manifest_is_refused_naming_the_step(dirs, tmp_path):
@@ -153,10 +140,10 @@ def test_checkpoint_without_manifest_is_refused_naming_the_step(dirs, tmp_path):
   with open(meta_file, "w") as f:
     json.dump(meta, f)
   _damage(os.path.join(run_dir, "checkpoints"), 4, "overwrite")
-  before = _tree_digest(run_dir)
+  before = tree_digest(run_dir)
   with pytest.raises(checkpoint.CheckpointError, match=r"step 4 .*no integrity manifest"):
     loop.run(tiny(dirs, steps=6), run_dir, progress=False)
-  assert _tree_digest(run_dir) == before
+  assert tree_digest(run_dir) == before
 
 
 def test_relaunch_without_a_complete_checkpoint_says_it_starts_over(dirs, tmp_path):
