@@ -89,11 +89,11 @@ def get_config(quick: bool) -> dict:
 
 def testbed_config(setting: str = FINAL) -> dict:
   """The calibrated testbed as the variant tables use it: ``setting``'s RLConfig dict on the
-  calibration's band and SFT start (the same SFT cache entry), before group size and recipe."""
-  from experiments.grpo_arithmetic import CONFIG
+  calibration's band, starting from the pinned SFT policy ``experiments/testbeds`` "b23-sft"
+  (the calibration's own recipe), before group size and recipe."""
+  from experiments import testbeds
 
-  return dict(CONFIG, task_spec=dict(min_digits=2, max_digits=3, terms=2), sft_steps=500,
-              **PILOT[setting])
+  return dict(testbeds.RECIPES["b23-sft"], **testbeds.start("b23-sft"), **PILOT[setting])
 
 
 def describe(cfg: dict) -> str:

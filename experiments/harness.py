@@ -359,12 +359,13 @@ def wall_time(report: Mapping) -> str:
 
 
 def machine_text(machine: Mapping | None) -> str:
-  """'x86_64, 2 CPU cores, jax 0.10.2 on cpu' from a results.json ``machine`` record."""
+  """'AMD EPYC 7B13, 2 CPU cores, jax 0.10.2 on cpu' from a results.json ``machine`` record."""
   if not machine or machine.get("recorded") is False:
     return "a machine not recorded"
   jax_version = machine.get("versions", {}).get("jax", "?")
-  return (f"{machine.get('processor', '?')}, {machine.get('cpus', '?')} CPU cores, jax "
-          f"{jax_version} on {machine.get('platform', '?')}")
+  cpu = machine.get("cpu_model") or f"{machine.get('processor', '?')} (CPU model not recorded)"
+  return (f"{cpu}, {machine.get('cpus', '?')} CPU cores, jax {jax_version} on "
+          f"{machine.get('platform', '?')}")
 
 
 def minutes(seconds: float | None) -> str:
@@ -408,11 +409,15 @@ class Unit:
       ``weight``. The result is a dict of JSON values and, at its top level, numpy arrays (stored
       beside the JSON in an ``.npz``).
     weight: the unit's share of the progress bar (e.g. its training steps).
+    code: source files the unit runs besides the ``rlpost`` package and the file that defines
+      ``run`` (both always counted): their content is part of the unit's cache key
+      (``code_version``), so a unit reruns when the code it runs changes.
   """
 
   spec: Mapping
   run: Callable[[Callable[[int], None]], dict]
   weight: int = 1
+  code: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -456,6 +461,117 @@ def digest(spec: Mapping) -> str:
   return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _sources(path: str) -> list[str]:
+  if os.path.isfile(path):
+    return [path]
+  return sorted(os.path.join(d, f) for d, _, files in os.walk(path) for f in files
+                if f.endswith(".py"))
+
+
+def code_version(unit: "Unit") -> str:
+  """A digest of the source the unit runs: every ``.py`` file of the ``rlpost`` package, the file
+  defining ``unit.run`` and ``unit.code``, by content (paths relative to the repository)."""
+  import inspect
+
+  files = _sources(os.path.join(_ROOT, "rlpost"))
+  try:
+    files += _sources(inspect.getsourcefile(unit.run) or "")
+  except TypeError:  # a builtin or functools.partial of one: nothing more to count
+    pass
+  files += [f for c in unit.code for f in _sources(os.path.join(_ROOT, c) if not os.path.isabs(c)
+                                                    else c)]
+  h = hashlib.sha256()
+  for f in sorted(set(os.path.abspath(f) for f in files)):
+    h.update(os.path.relpath(f, _ROOT).encode() + b"\0")
+    with open(f, "rb") as fh:
+      h.update(hashlib.sha256(fh.read()).digest())
+  return h.hexdigest()[:16]
+
+
+def unit_key(unit: "Unit") -> dict:
+  """What a unit's cache entry is keyed by: its spec and the version of its code."""
+  return {"spec": unit.spec, "code": code_version(unit)}
+
+
+def testbeds_in(tree) -> list[str]:
+  """The testbed digests (``init_params`` files, ``rlpost.train.pinned``) anywhere in ``tree``."""
+  from rlpost.train import pinned
+
+  found = set()
+
+  def walk(x):
+    if isinstance(x, Mapping):
+      p = x.get("init_params")
+      if isinstance(p, str) and p:
+        found.add(pinned.parse_name(p)[1])
+      for v in x.values():
+        walk(v)
+    elif isinstance(x, (list, tuple)):
+      for v in x:
+        walk(v)
+
+  walk(tree)
+  return sorted(found)
+
+
+class MixedStarts(ValueError):
+  """Arms of one table that did not start from the same policy (named in the message)."""
+
+
+# RLConfig keys that decide a step-0 evaluation besides the start: arms that agree on these (and on
+# the start) must report the same step-0 evaluation.
+_EVAL_KEYS = ("task", "task_spec", "num_test", "data_seed", "graded_reward", "prompt_template",
+              "eval_problems", "eval_samples", "eval_temperature", "max_new_tokens", "model")
+
+
+def _arm_starts(tree, path: str = "") -> dict:
+  """{path: (arm config, step-0 evaluation)} of every trained arm (``rl_seeds.run_arm`` layout)
+  in ``tree``."""
+  out = {}
+  if isinstance(tree, Mapping):
+    evals = tree.get("evals")
+    if (isinstance(evals, list) and evals and isinstance(evals[0], Mapping)
+        and evals[0].get("step") == 0 and isinstance(tree.get("config"), Mapping)):
+      out[path or "/"] = (tree["config"], evals[0]["per_seed"][0])
+    else:
+      for k, v in tree.items():
+        out.update(_arm_starts(v, f"{path}/{k}"))
+  return out
+
+
+def check_same_start(data) -> None:
+  """Refuse a table whose arms started from different policies: arms that share a testbed
+  (``init_params``) and their evaluation settings must report bitwise-equal step-0 evaluations
+  (one program on one machine gives exactly that; units cached on two machines or from two
+  starts do not). Raises ``MixedStarts`` naming the two arms and the metric."""
+  groups: dict[str, tuple[str, Mapping]] = {}
+  for path, (cfg, ev) in _arm_starts(data).items():
+    key = json.dumps({k: cfg.get(k) for k in _EVAL_KEYS + ("init_params",)}, sort_keys=True,
+                     default=str)
+    if key not in groups:
+      groups[key] = (path, ev)
+      continue
+    first, ref = groups[key]
+    for m in sorted(set(ref) & set(ev)):
+      if ref[m] != ev[m] and not (_isnan(ref[m]) and _isnan(ev[m])):
+        raise MixedStarts(
+            f"arms {first} and {path} start from different policies: step-0 {m} {ref[m]!r} vs "
+            f"{ev[m]!r} with the same start and evaluation settings (units from two starts or "
+            "two machines); rerun the table into a fresh --out")
+
+
+def _isnan(x) -> bool:
+  return isinstance(x, float) and math.isnan(x)
+
+
+def write_json(path: str, obj) -> None:
+  """Write ``obj`` as indented JSON to ``path`` atomically."""
+  _write_text(path, json.dumps(jsonable(obj), indent=1))
+
+
 def _atomic_write(path: str, write: Callable) -> None:
   tmp = f"{path}.tmp{os.getpid()}"
   try:
@@ -487,6 +603,12 @@ class UnitCache:
 
   def load(self, uid: str, spec: Mapping) -> tuple[dict, float] | None:
     """(result, seconds) of a finished unit, or None."""
+    entry = self.load_entry(uid, spec)
+    return None if entry is None else (entry["result"], float(entry["seconds"]))
+
+  def load_entry(self, uid: str, spec: Mapping) -> dict | None:
+    """{"result", "seconds", "provenance"} of a finished unit (provenance {} when not
+    recorded), or None."""
     stem = self._stem(uid, spec)
     if not os.path.exists(stem + ".json"):
       return None
@@ -496,9 +618,11 @@ class UnitCache:
     if os.path.exists(stem + ".npz"):
       with np.load(stem + ".npz") as z:
         out.update({k: z[k] for k in z.files})
-    return out, float(entry["seconds"])
+    return {"result": out, "seconds": float(entry["seconds"]),
+            "provenance": entry.get("provenance", {})}
 
-  def save(self, uid: str, spec: Mapping, result: Mapping, seconds: float) -> None:
+  def save(self, uid: str, spec: Mapping, result: Mapping, seconds: float,
+           provenance: Mapping | None = None) -> None:
     os.makedirs(self.directory, exist_ok=True)
     stem = self._stem(uid, spec)
     arrays = {k: v for k, v in result.items() if isinstance(v, np.ndarray)}
@@ -510,7 +634,8 @@ class UnitCache:
 
     if arrays:
       _atomic_write(stem + ".npz", write_npz)
-    _write_text(stem + ".json", json.dumps({"seconds": seconds, "result": jsonable(rest)}))
+    _write_text(stem + ".json", json.dumps({"seconds": seconds, "result": jsonable(rest),
+                                            "provenance": jsonable(provenance or {})}))
 
 
 def jsonable(x):
@@ -531,27 +656,58 @@ def jsonable(x):
   return x
 
 
+def cpu_model() -> str:
+  """The CPU's model name ('AMD EPYC 7B13', 'Intel(R) Xeon(R) CPU @ 2.20GHz'), or the
+  architecture where the system does not say."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.lower().startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "chex", "numpy", "scipy",
+            "ml_dtypes", "tensorflow-datasets", "array-record", "grain")
+
+
+def _git(*args: str) -> str:
+  try:
+    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=_ROOT,
+                          timeout=10).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return ""
+
+
 def machine() -> dict:
-  """The machine and package versions a result was produced with."""
+  """The machine, environment and code a result was produced with: CPU model, cores (and those
+  this process may use), XLA flags and thread settings, package versions, the commit and whether
+  the tracked files differed from it."""
   import importlib.metadata as md
 
   versions = {}
-  for pkg in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "scipy"):
+  for pkg in PACKAGES:
     try:
       versions[pkg] = md.version(pkg)
     except md.PackageNotFoundError:
       pass
-  try:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
-                            timeout=10).stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    commit = ""
   import jax
 
-  return {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-          "platform": jax.devices()[0].platform, "load_average": list(os.getloadavg()),
-          "python": platform.python_version(), "versions": versions, "commit": commit}
+  try:
+    usable = len(os.sched_getaffinity(0))
+  except (AttributeError, OSError):
+    usable = os.cpu_count()
+  return {"cpu_model": cpu_model(), "processor": platform.machine(), "cpus": os.cpu_count(),
+          "cpus_usable": usable, "platform": jax.devices()[0].platform,
+          "devices": jax.device_count(),
+          "env": {k: os.environ[k] for k in ("XLA_FLAGS", "OMP_NUM_THREADS", "JAX_ENABLE_X64",
+                                             "JAX_DEFAULT_MATMUL_PRECISION")
+                  if k in os.environ},
+          "load_average": list(os.getloadavg()), "python": platform.python_version(),
+          "versions": versions, "commit": _git("rev-parse", "--short", "HEAD"),
+          "dirty": bool(_git("status", "--porcelain", "--untracked-files=no"))}
 
 
 def command(name: str, args) -> str:
@@ -563,45 +719,66 @@ def run(exp: Experiment, args, *, sync_docs: bool = False) -> dict:
   """Run (or resume) every unit of ``exp``, then judge and write the outputs into ``args.out``.
 
   ``args`` carries ``quick``, ``seeds`` (None: the config's), ``out`` and ``no_progress``.
-  Finished units are cached under ``<out>/cache`` by the digest of their spec; a rerun computes
-  only the missing ones.
+  Finished units are cached under ``<out>/cache`` by the digest of their spec and of the code they
+  run (``unit_key``); a rerun computes only the missing ones. ``results.json`` records each unit's
+  provenance (``machine`` when it ran, its code version and testbed) and the table's testbeds.
   """
   config = exp.get_config(bool(args.quick))
   if args.seeds:
     config = dict(config, seeds=int(args.seeds))
   units = exp.units(config)
   os.makedirs(args.out, exist_ok=True)
-  cache = UnitCache(os.path.join(args.out, "cache"))
-  t0 = time.perf_counter()
-  results, seconds, ran = {}, {}, []
-  bar = progress_lib.bar(total=sum(u.weight for u in units.values()), desc=exp.name,
-                         disable=args.no_progress)
-  for uid, unit in units.items():
-    bar.set_postfix_str(uid)
-    hit = cache.load(uid, unit.spec)
-    if hit is None:
-      t = time.perf_counter()
-      result = unit.run(bar.update)
-      cache.save(uid, unit.spec, result, time.perf_counter() - t)
-      ran.append(uid)
-      hit = cache.load(uid, unit.spec)  # exactly what a resumed run sees
-    else:
-      bar.update(unit.weight)
-    results[uid], seconds[uid] = hit
-  bar.close()
+  results, seconds, ran, provenance = run_units(units, os.path.join(args.out, "cache"),
+                                                 exp.name, args.no_progress)
   data = (exp.collect(config, results) if exp.collect else
           {uid: {k: v for k, v in r.items() if not isinstance(v, np.ndarray)}
            for uid, r in results.items()})
   report = {"experiment": exp.name, "command": command(exp.name, args), "config": config,
-            "machine": machine(), "seconds": time.perf_counter() - t0,
-            "unit_seconds": sum(seconds.values()), "units_run": ran, "data": data}
+            "machine": machine(), "seconds": seconds.pop("_total"),
+            "unit_seconds": sum(seconds.values()), "units_run": ran, "units": provenance,
+            "testbeds": testbeds_in([u.spec for u in units.values()]), "data": data}
   return write(exp, report, args.out, sync_docs=sync_docs)
+
+
+def run_units(units: Mapping[str, Unit], cache_dir: str, desc: str, no_progress: bool = False):
+  """Run (or load from ``cache_dir``) every unit. Returns (results, seconds per unit and
+  "_total", ids run now, provenance per unit: the machine, commit and code version that computed
+  it and the testbeds it started from). Refuses units that start from two testbeds."""
+  beds = testbeds_in([u.spec for u in units.values()])
+  if len(beds) > 1:
+    raise MixedStarts(f"the units of {desc} start from {len(beds)} testbeds ({', '.join(beds)}); "
+                      "a table starts from one")
+  cache = UnitCache(cache_dir)
+  t0 = time.perf_counter()
+  results, seconds, ran, provenance = {}, {}, [], {}
+  bar = progress_lib.bar(total=sum(u.weight for u in units.values()), desc=desc,
+                         disable=no_progress)
+  for uid, unit in units.items():
+    bar.set_postfix_str(uid)
+    key = unit_key(unit)
+    entry = cache.load_entry(uid, key)
+    if entry is None:
+      t = time.perf_counter()
+      result = unit.run(bar.update)
+      prov = dict(machine(), code=key["code"], testbeds=testbeds_in(unit.spec))
+      cache.save(uid, key, result, time.perf_counter() - t, prov)
+      ran.append(uid)
+      entry = cache.load_entry(uid, key)  # exactly what a resumed run sees
+    else:
+      bar.update(unit.weight)
+    results[uid], seconds[uid], provenance[uid] = (entry["result"], entry["seconds"],
+                                                   entry["provenance"])
+  bar.close()
+  seconds["_total"] = time.perf_counter() - t0
+  return results, seconds, ran, provenance
 
 
 def write(exp: Experiment, report: dict, out_dir: str, *, sync_docs: bool = False) -> dict:
   """Judge ``report`` (``exp.summarize``), then write ``results.json``, ``table.md`` and the
   plots into ``out_dir`` (each file replaced atomically); with ``sync_docs``, the module's
   docstring block and the README's results section too."""
+  if not report.get("full"):
+    check_same_start(report["data"])
   report = jsonable(dict(report, summary=exp.summarize(report)))
   table = exp.render(report)
   _write_text(os.path.join(out_dir, "table.md"), table)

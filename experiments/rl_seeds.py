@@ -29,7 +29,9 @@ import numpy as np
 from rlpost.train import rl
 
 # The toy setup of every RL experiment's ``--quick`` mode: a tiny policy on 1-2 digit addition.
-QUICK_BASE = dict(num_train=200, num_test=40, eval_problems=0, sft_steps=10, sft_batch_size=32,
+# It trains its own tiny SFT start (no pinned testbed: ``init_params`` "").
+QUICK_BASE = dict(num_train=200, num_test=40, eval_problems=0, init_params="", sft_steps=10,
+                  sft_batch_size=32,
                   eval_batch=64,
                   task_spec=dict(min_digits=1, max_digits=2, terms=2),
                   model=dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,

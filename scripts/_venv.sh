@@ -11,9 +11,11 @@ fi
 . .venv/bin/activate
 EXTRAS="$1"
 STAMP=".venv/.rlpost-installed-$(echo "$EXTRAS" | tr ',' '-')"
-# Reinstall only when pyproject.toml changed since the last install with these extras.
-if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+# Reinstall only when pyproject.toml or the lock file changed since the last install with these
+# extras. requirements.lock pins every package to the versions CI runs (pip constraints: only the
+# packages these extras need are installed).
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ requirements.lock -nt "$STAMP" ]; then
   python -m pip install -q --upgrade pip
-  python -m pip install -q -e ".[${EXTRAS}]"
+  python -m pip install -q -e ".[${EXTRAS}]" -c requirements.lock
   touch "$STAMP"
 fi

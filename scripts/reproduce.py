@@ -60,6 +60,19 @@ def main(argv=None):
                   help="re-judge the claims of the results already in --out (no training), "
                        "then rewrite table.md, the plots and the docs")
   args = ap.parse_args(argv)
+  # Tables name their pinned testbeds relative to the repository (experiments/testbeds), so they
+  # run from its root; paths given on the command line keep meaning what they meant.
+  args.out = os.path.abspath(args.out) if args.out else None
+  args.runs = os.path.abspath(args.runs) if args.runs else None
+  cwd = os.getcwd()
+  os.chdir(ROOT)
+  try:
+    return _main(ap, args)
+  finally:
+    os.chdir(cwd)
+
+
+def _main(ap, args):
   from experiments import docsync, harness
 
   module = importlib.import_module(EXPERIMENTS[args.experiment])

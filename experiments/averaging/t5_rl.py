@@ -80,7 +80,7 @@ def rl_config(quick: bool) -> dict:
   cfg = dict(calibrate.testbed_config(), group_size=8, eval_every=10, eval_problems=200,
              eval_samples=8, checkpoint_every=50, averaging=AVERAGING)
   if quick:
-    cfg.update(num_train=200, num_test=40, sft_steps=10, sft_batch_size=32, num_prompts=4,
+    cfg.update(num_train=200, num_test=40, init_params="", sft_steps=10, sft_batch_size=32, num_prompts=4,
                group_size=4, steps=6, eval_every=2, checkpoint_every=2, eval_problems=8,
                eval_samples=4, eval_batch=32, task_spec=dict(min_digits=1, max_digits=2),
                model=dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,

@@ -58,7 +58,10 @@ class RLConfig:
   # policy and warm start; with a policy only POLICY_MODEL_KEYS may be set in model
   model: dict = dataclasses.field(default_factory=dict)
   model_seed: int = 0
-  sft_steps: int | None = None  # None: 500 for the character model, 0 with a policy
+  sft_steps: int | None = None  # None: 500 for the character model, 0 with a policy or init_params
+  # a pinned starting policy of the character model, <name>-<digest>.npz (rlpost.train.pinned,
+  # scripts/testbed.py): loaded and checked against its digest instead of the SFT warm start
+  init_params: str = ""
   sft_batch_size: int = 256
   sft_lr: float = 1e-3
   cache_dir: str = builders.DEFAULT_DATA_DIR.replace("tfds", "policies")
@@ -132,7 +135,8 @@ class RLConfig:
 
   def __post_init__(self):
     if self.sft_steps is None:
-      object.__setattr__(self, "sft_steps", 0 if self.policy else DEFAULT_SFT_STEPS)
+      object.__setattr__(self, "sft_steps",
+                         0 if self.policy or self.init_params else DEFAULT_SFT_STEPS)
 
   def validate(self) -> None:
     def need(cond, key, msg):
@@ -197,6 +201,18 @@ class RLConfig:
     need(self.eval_problems >= 0, "eval_problems", "must be >= 0 (0: the whole test split)")
     need(self.eval_batch >= 1, "eval_batch", "must be >= 1")
     need(self.max_prompt_tokens >= 0, "max_prompt_tokens", "must be >= 0")
+    if self.init_params:
+      need(not self.policy, "init_params", "is a pinned start of the character model; with a "
+           "policy the checkpoint is the start: leave init_params unset")
+      need(self.sft_steps == 0, "init_params", f"replaces the SFT warm start, so sft_steps must "
+           f"be 0 or unset (got sft_steps {self.sft_steps})")
+      from rlpost.train import pinned
+
+      try:
+        pinned.parse_name(self.init_params)
+      except pinned.PinnedError as e:
+        raise ValueError(f"config key 'init_params': {e}") from None
+      need(os.path.isfile(self.init_params), "init_params", "no such file")
     need(self.policy or not self.extra_stop_tokens, "extra_stop_tokens",
          "needs a policy (the character model stops at its EOS only)")
     need(self.lr_schedule in ("constant", "cosine"), "lr_schedule",
@@ -341,6 +357,8 @@ HELP = {
     "sft_steps": "SFT warm-start steps of the character model (unset: 500; 0 with a policy)",
     "sft_batch_size": "SFT warm-start batch size",
     "sft_lr": "SFT warm-start learning rate",
+    "init_params": "a pinned start of the character model, <name>-<digest>.npz (scripts/"
+                   "testbed.py build), checked against its digest; replaces the SFT warm start",
     "cache_dir": "where SFT warm-start policies are cached (keyed by their config)",
     "recipe": "the objective: grpo, dr_grpo, dapo, gspo, gmpo, pnpo, rloo, mc_grpo, ace, dars, "
               "... (rlpost.objectives.list_recipes)",

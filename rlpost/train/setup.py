@@ -13,7 +13,10 @@ a warm start.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, NamedTuple
+
+from flax import nnx
 
 from rlpost.models import lora
 from rlpost.models import transformer as tfm
@@ -147,6 +150,20 @@ def character_model_config(cfg: RLConfig, log: Callable[[str], None]) -> tfm.Tra
   return _character_config(cfg, records, _prompt_len(ids))[0]
 
 
+def character_start(cfg: RLConfig, log: Callable[[str], None], *,
+                    progress: bool = True) -> nnx.State:
+  """The character model's starting parameters for ``cfg``, layers stored one by one: the SFT
+  warm start (through ``cache_dir``) or the pinned ``init_params``, as ``build`` makes them,
+  without the rest of the run (``scripts/testbed.py build``)."""
+  if cfg.policy:
+    raise ValueError(f"the run uses the policy {cfg.policy}, not the character model")
+  cfg = dataclasses.replace(cfg, model=dict(cfg.model, stacked_layers=False))
+  task = task_base.get_task(cfg.task)(cfg)
+  records, ids = _encode_prompts(cfg, task, task.load(log), CharTokenizer(), log)
+  policy, _ = _character_policy(cfg, records, _prompt_len(ids), log, progress)
+  return policy.params
+
+
 def _character_policy(cfg: RLConfig, records: dict, tp: int, log,
                       progress: bool = True) -> tuple[Policy, int]:
   """The character model sized for prompts of ``tp`` tokens and the demonstrations, SFT
@@ -159,7 +176,12 @@ def _character_policy(cfg: RLConfig, records: dict, tp: int, log,
   stacked = model_cfg.stacked_layers
   policy = Policy.character(model_cfg.replace(stacked_layers=False), seed=cfg.model_seed)
   model = policy.model()
-  if cfg.sft_steps:
+  if cfg.init_params:
+    from rlpost.train import pinned
+
+    nnx.update(model, pinned.load(cfg.init_params, nnx.state(model)))
+    log(f"starting from the pinned policy {cfg.init_params}")
+  elif cfg.sft_steps:
     sft_cfg = sft.SFTConfig(steps=cfg.sft_steps, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
                             seed=cfg.model_seed)
     # The SFT data: the task's train records, less prompts dropped by max_prompt_tokens.

@@ -222,3 +222,52 @@ def test_fmt_and_protocol_note():
   note = harness.protocol_note([v])
   assert "Welch" in note and "4 seeds per arm" in note and f"{v.sd:.3g}" in note
   assert "Holm-adjusted one-sided p" in harness.rules_note([v])
+
+
+# ------------------------------------------------------------------ portability
+def test_unit_key_follows_the_testbed_and_the_code(tmp_path):
+  code = tmp_path / "extra.py"
+  code.write_text("X = 1\n")
+
+  def unit(init_params):
+    return harness.Unit({"arm": {"init_params": init_params, "lr": 1e-4}}, lambda p: {},
+                        code=(str(code),))
+
+  a = unit(f"experiments/testbeds/b23-sft-{'1' * 16}.npz")
+  b = unit(f"experiments/testbeds/b23-sft-{'2' * 16}.npz")
+  key_a = harness.unit_key(a)
+  assert harness.digest(key_a) != harness.digest(harness.unit_key(b))  # another start
+  assert harness.testbeds_in(a.spec) == ["1" * 16]
+  code.write_text("X = 2\n")  # the unit's code changed: so does its key
+  assert harness.unit_key(a)["code"] != key_a["code"]
+  assert harness.digest(harness.unit_key(a)) != harness.digest(key_a)
+  with pytest.raises(harness.MixedStarts, match="start from 2 testbeds"):
+    harness.run_units({"a": a, "b": b}, str(tmp_path / "cache"), "toy", no_progress=True)
+
+
+def _arm(pass1, **cfg):
+  ev = {"pass@1": pass1, "token_entropy": 0.7}
+  return {"config": dict({"init_params": "", "eval_problems": 200}, **cfg), "seeds": [0, 1],
+          "evals": [{"step": 0, "per_seed": [ev, ev]}, {"step": 10, "per_seed": [ev, ev]}]}
+
+
+def test_step0_guard_refuses_mixed_starts():
+  harness.check_same_start({"arms": {"grpo": _arm(0.148), "ace": _arm(0.148, recipe="ace")}})
+  # Other evaluation settings may give another step-0 evaluation: not compared.
+  harness.check_same_start({"arms": {"grpo": _arm(0.148), "big": _arm(0.2, eval_problems=400)}})
+  with pytest.raises(harness.MixedStarts, match=r"/arms/grpo and /arms/ace start from different "
+                                                r"policies: step-0 pass@1 0.148 vs 0.247"):
+    harness.check_same_start({"arms": {"grpo": _arm(0.148), "ace": _arm(0.247)}})
+
+
+def test_results_record_the_machine_and_each_unit(tmp_path):
+  report = harness.run(_toy([]), _args(tmp_path))
+  m = report["machine"]
+  assert m["cpu_model"] == harness.cpu_model() and m["cpu_model"]
+  assert 1 <= m["cpus_usable"] <= m["cpus"] and isinstance(m["env"], dict)
+  assert isinstance(m["dirty"], bool) and m["commit"]
+  assert set(report["units"]) == {"a", "b"}
+  for prov in report["units"].values():
+    assert prov["code"] and prov["cpu_model"] == m["cpu_model"] and "commit" in prov
+  assert report["testbeds"] == []
+  assert m["cpu_model"] in harness.machine_text(m)
