@@ -9,19 +9,32 @@ the README and the module docstring.
 
 Judging:
 
-A paper table pre-declares its claims: which metric, which two arms, the claimed direction and
-margin, and the family (the claims of one paper) whose p-values are Holm-adjusted together.
-``judge_family`` turns per-seed values into verdicts:
+A paper table pre-declares its claims (protocol v2 of experiments/STATISTICS.md): which metric,
+which two arms, the claimed direction, the threshold (``margin``), the smallest effect of interest
+(``sesoi``), the commit that declared it, whether it is exploratory, and the family (the claims of
+one paper) whose p-values are Holm-adjusted together. ``judge_family`` turns per-seed values into
+one of five outcomes (``OUTCOMES``), with d the difference a - b beyond the threshold, signed in
+the claimed direction:
 
-* a directional claim ("arm a beats arm b by more than ``margin``"): the Welch interval of
-  mean(a) - mean(b) and the one-sided Welch test of H0: a - b <= margin. *reproduced* when the
-  Holm-adjusted p-value is at most ``alpha`` and the interval lies above the margin; *not
-  reproduced* when the interval lies below the margin; *inconclusive* otherwise. A permutation
-  test of the same difference is reported beside it (distribution-free; at 3-4 seeds per arm its
-  smallest attainable p, 1/20 or 1/70, is too coarse to carry a Holm-corrected decision);
+* a directional claim ("a beats b"): the Welch interval of d and the one-sided Welch test of
+  H0: d <= 0. *reproduced* when the Holm-adjusted p is at most ``alpha`` and the interval lies above
+  0, and d is not equivalent to 0 within +-sesoi (TOST at ``alpha``: its 90% interval inside);
+  *trivial* when it is different from 0 but equivalent to 0 (real, too small to matter);
+  *not reproduced* when it is equivalent to 0 but not different from it, or its interval lies
+  wholly below 0; *inconclusive* otherwise. With sesoi 0 nothing is equivalent to 0, so there is no
+  *trivial* outcome (a threshold claim whose threshold is itself the effect of interest);
+* a non-superiority claim ("no gain", direction ``"not_greater"``): the one-sided test of
+  H0: d >= sesoi. *reproduced* when it rejects (Holm-adjusted); *not reproduced* when d is
+  significantly above 0 and not shown smaller than sesoi; *inconclusive* otherwise;
 * an equivalence claim ("within ``margin``"): TOST. *reproduced* when both one-sided tests reject
-  at ``alpha`` (Holm-adjusted); *not reproduced* when the interval lies wholly outside (-margin, +margin);
-  *inconclusive* otherwise.
+  at ``alpha`` (Holm-adjusted); *not reproduced* when its 90% interval lies wholly outside
+  (-margin, +margin); *inconclusive* otherwise;
+* *not testable*: a rule an oracle cannot meet (set by the table that has the oracle's values).
+
+A non-superiority or equivalence claim that holds while d is significantly different from 0 (95%
+interval excluding 0) says so in ``Verdict.note``. A permutation test of the same difference is
+reported beside each (distribution-free; at 3-4 seeds per arm its smallest attainable p, 1/20 or
+1/70, is too coarse to carry a Holm-corrected decision).
 
 A claim about pooled rates rather than per-seed values (e.g. "fewer opposite-sign advantages",
 counted over many rollouts) is judged by ``judge_proportions``: a two-proportion z-test.
@@ -48,7 +61,11 @@ from scipy.stats import norm as normal
 from rlpost import progress as progress_lib
 from rlpost.eval import stats
 
-DIRECTIONS = ("greater", "less", "equivalent")
+DIRECTIONS = ("greater", "less", "equivalent", "not_greater")
+REPRODUCED, TRIVIAL, NOT_REPRODUCED, INCONCLUSIVE = ("reproduced", "trivial", "not reproduced",
+                                                     "inconclusive")
+NOT_TESTABLE = "not testable"
+OUTCOMES = (REPRODUCED, TRIVIAL, NOT_REPRODUCED, INCONCLUSIVE, NOT_TESTABLE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,12 +79,20 @@ class Claim:
     arms: (a, b): the claim is about mean(a) - mean(b); or (a,): a one-sample claim about
       mean(a) - ``center`` (e.g. "Spearman above 0.5": center 0.5), judged as a paired claim
       against a constant arm.
-    direction: "greater" (a - b > margin), "less" (a - b < -margin) or "equivalent"
-      (|a - b| < margin).
-    margin: the minimum effect of interest (> 0 for "equivalent").
+    direction: "greater" (a - b > margin), "less" (a - b < -margin), "equivalent"
+      (|a - b| < margin) or "not_greater" (no gain: a - b < +sesoi).
+    margin: the threshold a directional claim is tested against (usually 0; > 0 for
+      "equivalent", where it is the equivalence margin).
     family: claims of one family are Holm-adjusted together.
     paired: the arms' values pair up seed by seed (two policies of the same run, e.g. an
       averaged and the raw checkpoint): paired t interval and test on the per-seed differences.
+    sesoi: the smallest effect of interest (beyond the threshold), normally the design's minimum
+      effect; 0 when the threshold is itself the effect of interest. Required (> 0) for
+      "not_greater".
+    declared: the commit that declared the claim (before the run that judges it, unless
+      ``exploratory``).
+    exploratory: declared after seeing the results that motivated it: reported in its own
+      family, never in a table's headline.
   """
 
   id: str
@@ -79,6 +104,9 @@ class Claim:
   family: str = ""
   paired: bool = False
   center: float = 0.0
+  sesoi: float = 0.0
+  declared: str = ""
+  exploratory: bool = False
 
   def __post_init__(self):
     if len(self.arms) not in (1, 2):
@@ -89,6 +117,9 @@ class Claim:
     if self.margin < 0 or (self.direction == "equivalent" and self.margin <= 0):
       raise ValueError(f"claim {self.id!r}: margin must be >= 0 (> 0 for an equivalence claim), "
                        f"got {self.margin}")
+    if not self.sesoi >= 0 or (self.direction == "not_greater" and self.sesoi <= 0):
+      raise ValueError(f"claim {self.id!r}: sesoi must be >= 0 (> 0 for a no-gain claim), got "
+                       f"{self.sesoi}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +128,12 @@ class Verdict:
   equivalence claim the TOST interval at 1 - 2 alpha), the deciding test's raw and Holm-adjusted
   p-values, the permutation test's p-value (two-sided for an equivalence claim), the verdict, the
   seed counts, the seed SD (pooled over arms; of the differences when paired) and the minimum
-  detectable effect."""
+  detectable effect; ``note`` flags a holding no-gain or equivalence claim whose difference is
+  significantly non-zero, and a verdict decided by a bound within half a minimum detectable effect
+  of its threshold ("near its threshold": another start or seed set can flip it);
+  ``p_equivalent`` is the TOST p of a directional claim against +-sesoi (None without a sesoi);
+  ``values`` the per-seed values judged, (a, b) (b the centre repeated for a one-sample claim),
+  which a replication compares with its own."""
 
   claim: Claim
   diff: float
@@ -111,45 +147,114 @@ class Verdict:
   mde: float
   method: str
   sd: float = float("nan")
+  note: str = ""
+  p_equivalent: float | None = None
+  values: tuple = ()
 
   def to_json(self) -> dict:
     return dict(dataclasses.asdict(self), claim=dataclasses.asdict(self.claim))
 
 
-def _raw(claim: Claim, a: np.ndarray, b: np.ndarray, level: float, n_resamples: int):
-  """(diff, lo, hi, p, p_permutation, method) before the family's correction."""
+def _raw(claim: Claim, a: np.ndarray, b: np.ndarray, level: float, n_resamples: int) -> dict:
+  """The claim's numbers before the family's correction."""
   paired = claim.paired or len(claim.arms) == 1
   t_name = "paired t" if paired else "Welch"
+  diff, lo95, hi95 = stats.diff_interval(a, b, level=level, paired=paired,
+                                         method="t" if paired else "welch")
+  _, lo90, hi90 = stats.diff_interval(a, b, level=1 - 2 * (1 - level), paired=paired,
+                                      method="t" if paired else "welch")
+  out = dict(diff=float(np.mean(a) - np.mean(b)), lo95=lo95, hi95=hi95, lo90=lo90, hi90=hi90,
+             p_eq=float("nan"))
   if claim.direction == "equivalent":
     p, lo, hi = stats.tost(a, b, claim.margin, level=level, paired=paired)
     p_perm = stats.permutation_test(a, b, paired=paired, n_resamples=n_resamples)
-    return (float(np.mean(a) - np.mean(b)), lo, hi, p, p_perm,
-            f"TOST ({t_name}), margin {claim.margin:g}")
-  diff, lo, hi = stats.diff_interval(a, b, level=level, paired=paired,
-                                     method="t" if paired else "welch")
+    return dict(out, lo=lo, hi=hi, p=p, p_perm=p_perm,
+                method=f"TOST ({t_name}), margin {claim.margin:g}")
+  if claim.direction == "not_greater":
+    p = stats.t_test(a - claim.sesoi, b, paired=paired, alternative="less")
+    p_perm = stats.permutation_test(a, b, paired=paired, alternative="less",
+                                    n_resamples=n_resamples)
+    return dict(out, lo=lo95, hi=hi95, p=p, p_perm=p_perm,
+                method=f"{t_name} interval and one-sided {t_name} test against +sesoi")
   alternative = "greater" if claim.direction == "greater" else "less"
   shift = claim.margin if claim.direction == "greater" else -claim.margin
   p = stats.t_test(a - shift, b, paired=paired, alternative=alternative)
   p_perm = stats.permutation_test(a, b, paired=paired, alternative=alternative,
                                   n_resamples=n_resamples)
-  return diff, lo, hi, p, p_perm, f"{t_name} interval and one-sided {t_name} test"
+  if claim.sesoi > 0:
+    out["p_eq"] = stats.tost(a - shift, b, claim.sesoi, level=level, paired=paired)[0]
+  return dict(out, lo=lo95, hi=hi95, p=p, p_perm=p_perm,
+              method=f"{t_name} interval and one-sided {t_name} test")
 
 
-def _decide(claim: Claim, lo: float, hi: float, p_holm: float, alpha: float) -> str:
+def decide(claim: Claim, lo: float, hi: float, p_holm: float, alpha: float,
+           p_equivalent: float = float("nan")) -> str:
+  """The outcome of ``claim`` from its interval (95%; the TOST interval for "equivalent"), its
+  Holm-adjusted p and, for a directional claim with a sesoi, the TOST p of equivalence to the
+  threshold within +-sesoi (the rules of this module's docstring)."""
   m = claim.margin
   if claim.direction == "equivalent":
     if p_holm <= alpha:
-      return "reproduced"
+      return REPRODUCED
     if lo >= m or hi <= -m:
-      return "not reproduced"
-    return "inconclusive"
+      return NOT_REPRODUCED
+    return INCONCLUSIVE
+  if claim.direction == "not_greater":
+    if p_holm <= alpha:
+      return REPRODUCED
+    if lo > 0:
+      return NOT_REPRODUCED
+    return INCONCLUSIVE
   if claim.direction == "less":
     lo, hi = -hi, -lo
-  if lo > m and p_holm <= alpha:
-    return "reproduced"
-  if hi < m:
-    return "not reproduced"
-  return "inconclusive"
+  return stats.outcome(lo - m, hi - m, p_holm,
+                       p_equivalent if claim.sesoi > 0 else float("nan"), alpha)
+
+
+def _decisive_distance(claim: Claim, verdict: str, r: Mapping) -> float:
+  """How far the bound that decided ``verdict`` lies from the threshold it was compared with
+  (NaN when no single bound decided it: inconclusive, or a bounded null)."""
+  m = claim.margin
+  if claim.direction in ("greater", "less"):
+    sign = 1.0 if claim.direction == "greater" else -1.0
+    lo, hi = sorted((sign * (r["lo95"] - sign * m), sign * (r["hi95"] - sign * m)))
+    if verdict in (REPRODUCED, TRIVIAL):
+      return lo
+    if verdict == NOT_REPRODUCED and hi < 0:
+      return -hi
+    return float("nan")
+  if claim.direction == "equivalent":
+    if verdict == REPRODUCED:
+      return min(m - r["hi90"], r["lo90"] + m)
+    if verdict == NOT_REPRODUCED:
+      return max(r["lo90"] - m, -m - r["hi90"])
+    return float("nan")
+  if verdict == REPRODUCED:  # no gain: the one-sided upper bound below +sesoi
+    return claim.sesoi - r["hi90"]
+  if verdict == NOT_REPRODUCED:
+    return r["lo95"]
+  return float("nan")
+
+
+def _near(claim: Claim, verdict: str, r: Mapping, mde: float, digits: int = 3) -> str:
+  """A verdict decided by a bound within half a minimum detectable effect of its threshold: on
+  another start or seed set it can flip."""
+  d = _decisive_distance(claim, verdict, r)
+  if not (math.isfinite(d) and mde > 0 and d < mde / 2):
+    return ""
+  return (f"near its threshold (the deciding bound is {d:.{digits}f} from it, under half the "
+          f"minimum detectable effect {mde:.{digits}f})")
+
+
+def _note(claim: Claim, verdict: str, lo95: float, hi95: float, digits: int = 3) -> str:
+  """A holding no-gain or equivalence claim whose difference is significantly non-zero."""
+  if claim.direction not in ("equivalent", "not_greater") or verdict != REPRODUCED:
+    return ""
+  if not (lo95 > 0 or hi95 < 0):
+    return ""
+  side = "above" if lo95 > 0 else "below"
+  return (f"but a - b is significantly {side} 0 (95% interval [{lo95:+.{digits}f}, "
+          f"{hi95:+.{digits}f}])")
 
 
 def judge_family(claims: Sequence[Claim], values: Mapping[str, Mapping[str, Sequence[float]]], *,
@@ -168,16 +273,18 @@ def judge_family(claims: Sequence[Claim], values: Mapping[str, Mapping[str, Sequ
            else np.full_like(a, c.center))
     except KeyError as e:
       raise KeyError(f"claim {c.id!r}: no per-seed values for {e}") from None
-    diff, lo, hi, p, p_perm, method = _raw(c, a, b, level, n_resamples)
-    p = 1.0 if math.isnan(p) else p  # no spread and no difference: nothing to reject
-    raw.append((c, a, b, diff, lo, hi, p, p_perm, method))
+    r = _raw(c, a, b, level, n_resamples)
+    r["p"] = 1.0 if math.isnan(r["p"]) else r["p"]  # no spread and no difference: nothing to reject
+    raw.append((c, a, b, r))
   adjusted = [0.0] * len(raw)
   for fam in dict.fromkeys(c.family for c in claims):
     idx = [i for i, c in enumerate(claims) if c.family == fam]
-    for i, p in zip(idx, stats.holm([raw[i][6] for i in idx])):
+    for i, p in zip(idx, stats.holm([raw[i][3]["p"] for i in idx])):
       adjusted[i] = float(p)
   out = []
-  for (c, a, b, diff, lo, hi, p, p_perm, method), p_holm in zip(raw, adjusted):
+  for (c, a, b, r), p_holm in zip(raw, adjusted):
+    diff, lo, hi, p, p_perm, method = (r[k] for k in ("diff", "lo", "hi", "p", "p_perm",
+                                                       "method"))
     n = min(len(a), len(b))
     if c.paired or len(c.arms) == 1:  # one sample of differences: the two-sample MDE at sd / sqrt(2) has the same
       # noncentrality (df 2n - 2 rather than n - 1, so slightly optimistic at few seeds)
@@ -186,9 +293,13 @@ def judge_family(claims: Sequence[Claim], values: Mapping[str, Mapping[str, Sequ
     else:
       sd = math.sqrt((np.var(a, ddof=1) + np.var(b, ddof=1)) / 2)
       mde = stats.min_detectable_effect(sd, n) if sd > 0 else 0.0
+    verdict = decide(c, lo, hi, p_holm, alpha, r["p_eq"])
+    note = "; ".join(x for x in (_note(c, verdict, r["lo95"], r["hi95"]),
+                                 _near(c, verdict, r, mde)) if x)
     out.append(Verdict(c, float(diff), float(lo), float(hi), float(p), p_holm, float(p_perm),
-                       _decide(c, lo, hi, p_holm, alpha), (len(a), len(b)), float(mde), method,
-                       float(sd)))
+                       verdict, (len(a), len(b)), float(mde), method, float(sd),
+                       note, None if math.isnan(r["p_eq"]) else float(r["p_eq"]),
+                       (tuple(map(float, a)), tuple(map(float, b)))))
   return out
 
 
@@ -228,7 +339,7 @@ def judge_proportions(claim: Claim, rates: Mapping[str, tuple[float, int]], *,
   prompt) the test is lenient.
   Returns a JSON-ready dict: claim, diff, lo, hi, z, p, verdict, n and method.
   """
-  if claim.direction == "equivalent":
+  if claim.direction not in ("greater", "less"):
     raise ValueError(f"claim {claim.id!r}: judge_proportions takes a directional claim")
   try:
     (pa, na), (pb, nb) = (rates[arm] for arm in claim.arms)
@@ -249,25 +360,35 @@ def judge_proportions(claim: Claim, rates: Mapping[str, tuple[float, int]], *,
     p = float(normal.sf(z) if claim.direction == "greater" else normal.cdf(z))
   lo, hi = float(diff - half), float(diff + half)
   return {"claim": dataclasses.asdict(claim), "diff": diff, "lo": lo, "hi": hi, "z": z, "p": p,
-          "verdict": _decide(claim, lo, hi, p, round(1.0 - level, 12)), "n": (int(na), int(nb)),
+          "verdict": decide(claim, lo, hi, p, round(1.0 - level, 12)), "n": (int(na), int(nb)),
           "method": "two-proportion z-test (unpooled), trials treated as independent"}
 
 
 def verdict_rows(verdicts: Sequence[Verdict], digits: int = 3) -> list[str]:
-  """Markdown table rows: claim | a - b [interval] | p (Holm) | permutation p | seeds | minimum
-  detectable effect | verdict (``Verdict`` objects or their ``to_json`` dicts)."""
-  rows = ["| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | "
-          "min. detectable | verdict |", "| --- | --- | --- | --- | --- | --- | --- |"]
+  """Markdown table rows: claim | a - b [interval] | smallest effect of interest | p (Holm) |
+  permutation p | seeds | minimum detectable effect | declared in | verdict (``Verdict`` objects
+  or their ``to_json`` dicts; results judged before protocol v2 have no sesoi or declaring
+  commit, shown as "-")."""
+  rows = ["| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | "
+          "min. detectable | declared | verdict |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for v in verdicts:
     v = v if isinstance(v, dict) else v.to_json()
     c = v["claim"]
     one = len(c["arms"]) == 1
     label = f"{c['arms'][0]} - {c.get('center', 0.0):g}" if one else c["arms"][0]
     seeds = f"{v['n'][0]}" if one else f"{v['n'][0]} vs {v['n'][1]}"
+    sesoi = c.get("sesoi")
+    if c.get("direction") == "equivalent":
+      sesoi_text = f"+-{c['margin']:g}"
+    else:
+      sesoi_text = f"{sesoi:g}" if sesoi else "-" if sesoi is None else "0"
+    declared = (c.get("declared") or "-") + (" (exploratory)" if c.get("exploratory") else "")
+    verdict = v["verdict"] + (f"; {v['note']}" if v.get("note") else "")
     rows.append(f"| {c['text']} | {label}: {v['diff']:+.{digits}f} "
-                f"[{v['lo']:+.{digits}f}, {v['hi']:+.{digits}f}] | {v['p']:.3g} "
+                f"[{v['lo']:+.{digits}f}, {v['hi']:+.{digits}f}] | {sesoi_text} | {v['p']:.3g} "
                 f"({v['p_holm']:.3g}) | {v['p_permutation']:.3g} | {seeds} | "
-                f"{v['mde']:.{digits}f} | {v['verdict']} |")
+                f"{v['mde']:.{digits}f} | {declared} | {verdict} |")
   return rows
 
 
@@ -276,26 +397,38 @@ def rules_note(verdicts: Sequence[Verdict | dict], level: float = 0.95) -> str:
   vs = [v if isinstance(v, dict) else v.to_json() for v in verdicts]
   alpha = 1 - level
   out = []
-  directional = sorted({v["claim"]["margin"] for v in vs
-                        if v["claim"]["direction"] != "equivalent"})
+  directional = [v["claim"] for v in vs if v["claim"]["direction"] in ("greater", "less")]
   if directional:
-    m = "/".join(f"{x:g}" for x in directional)
-    out.append(f"a directional claim is reproduced when its Holm-adjusted one-sided p is <= "
-               f"{alpha:.2g} and its {level:.0%} interval lies beyond the margin ({m}), not "
-               "reproduced when the interval lies on the other side of the margin, inconclusive "
-               "otherwise")
+    out.append(f"a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= "
+               f"{alpha:.2g}, its {level:.0%} interval lies beyond the threshold and it is not "
+               "equivalent to the threshold within +-SESOI (TOST, "
+               f"{1 - 2 * alpha:.0%} interval), *trivial* when it is significant but equivalent "
+               "(too small to matter), *not reproduced* when it is equivalent but not "
+               "significant or its interval lies wholly on the other side, *inconclusive* "
+               "otherwise (SESOI 0: the threshold is itself the effect of interest, no "
+               "*trivial* outcome)")
+  if any(v["claim"]["direction"] == "not_greater" for v in vs):
+    out.append(f"a no-gain claim is *reproduced* when the one-sided test that a - b < +SESOI "
+               f"rejects (Holm-adjusted), *not reproduced* when its {level:.0%} interval lies "
+               "above 0, *inconclusive* otherwise")
   equivalent = sorted({v["claim"]["margin"] for v in vs
                        if v["claim"]["direction"] == "equivalent"})
   if equivalent:
     m = "/".join(f"{x:g}" for x in equivalent)
-    out.append(f"an equivalence claim (margin {m}) is reproduced when TOST rejects "
-               f"(Holm-adjusted), not reproduced when its {1 - 2 * alpha:.0%} interval lies "
-               "wholly outside the margin, inconclusive otherwise")
+    out.append(f"an equivalence claim (margin {m}) is *reproduced* when TOST rejects "
+               f"(Holm-adjusted), *not reproduced* when its {1 - 2 * alpha:.0%} interval lies "
+               "wholly outside the margin, *inconclusive* otherwise")
   if not out:
     return ""
-  return ("Rules (`experiments/harness.py`): " + "; ".join(out) + ". The permutation p "
-          "(not adjusted) is reported beside the deciding test. Min. detectable: the difference "
-          "a two-sided test at 80% power would find at these seeds and this seed SD.")
+  return ("Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): "
+          + "; ".join(out) + ". A holding no-gain or equivalence claim whose difference is "
+          "significantly non-zero says so beside the verdict, and so does a verdict whose deciding "
+          "bound lies within half a minimum detectable effect of its threshold (near its "
+          "threshold: it can flip on another start or seed set). The permutation p (not adjusted) "
+          "is reported beside the deciding test. Min. detectable: the difference a two-sided "
+          "test at 80% power would find at these seeds and this seed SD. Declared: the commit "
+          "that declared the claim; exploratory claims were declared after the run that "
+          "motivated them and are kept out of the headline.")
 
 
 def cell(x: Sequence[float], level: float = 0.95) -> dict:
@@ -354,8 +487,24 @@ def wall_time(report: Mapping) -> str:
   if report.get("unit_seconds") is None:
     return "Wall time: not recorded in the full-size run directories."
   return (f"Wall time: {report['unit_seconds'] / 60:.1f} min of training and evaluation over "
-          f"all arms on this machine (this invocation {report['seconds'] / 60:.1f} min; cached "
-          "arms are not rerun).")
+          f"all arms (this invocation {report['seconds'] / 60:.1f} min; cached arms are not "
+          f"rerun). {provenance_note(report)}")
+
+
+def provenance_note(report: Mapping) -> str:
+  """Where a table's numbers come from: the machine, the commit and the start."""
+  m = report.get("machine") or {}
+  commit = m.get("commit") or "?"
+  if m.get("dirty"):
+    commit += " with uncommitted changes"
+  beds = report.get("testbeds")
+  if beds:
+    start = "the pinned testbed " + ", ".join(beds) + " (experiments/testbeds)"
+  elif beds is None:
+    start = "an SFT start retrained on that machine (results older than pinned testbeds)"
+  else:
+    start = "starts trained within the run (no pinned testbed)"
+  return f"Run on {machine_text(m)} at commit {commit}, from {start}."
 
 
 def machine_text(machine: Mapping | None) -> str:
@@ -441,6 +590,9 @@ class Experiment:
     full: ``full(runs_dir, prefix) -> (config, data)``: the full-size runs under ``runs_dir``
       (``collect_runs`` over the ``experiments/*/full.py`` arms whose names start with
       ``prefix``) as the config and data ``summarize`` reads (``reproduce.py --full``).
+    replicate: ``replicate(config, seeds, seed_offset) -> config``: the committed design reduced
+      to its main arms, run with ``seeds`` fresh seeds starting at ``seed_offset``
+      (``reproduce.py --replicate``).
   """
 
   name: str
@@ -453,6 +605,7 @@ class Experiment:
   module: str = ""
   readme: str = ""
   full: Callable[[str, str], tuple[dict, dict]] | None = None
+  replicate: Callable[[dict, int, int], dict] | None = None
 
 
 def digest(spec: Mapping) -> str:
@@ -500,21 +653,19 @@ def testbeds_in(tree) -> list[str]:
   """The testbed digests (``init_params`` files, ``rlpost.train.pinned``) anywhere in ``tree``."""
   from rlpost.train import pinned
 
-  found = set()
+  return sorted({pinned.parse_name(m["init_params"])[1] for m in mappings(tree)
+                 if isinstance(m.get("init_params"), str) and m["init_params"]})
 
-  def walk(x):
-    if isinstance(x, Mapping):
-      p = x.get("init_params")
-      if isinstance(p, str) and p:
-        found.add(pinned.parse_name(p)[1])
-      for v in x.values():
-        walk(v)
-    elif isinstance(x, (list, tuple)):
-      for v in x:
-        walk(v)
 
-  walk(tree)
-  return sorted(found)
+def mappings(tree):
+  """Every mapping in a tree of mappings and lists (``tree`` itself first), depth first."""
+  if isinstance(tree, Mapping):
+    yield tree
+    for v in tree.values():
+      yield from mappings(v)
+  elif isinstance(tree, (list, tuple)):
+    for v in tree:
+      yield from mappings(v)
 
 
 class MixedStarts(ValueError):
@@ -773,6 +924,41 @@ def run_units(units: Mapping[str, Unit], cache_dir: str, desc: str, no_progress:
   return results, seconds, ran, provenance
 
 
+DECLARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "declared.json")
+
+
+def declarations(table: str) -> dict:
+  """{claim id or fnmatch pattern: {"declared", "exploratory", "why"}} of ``table``
+  (experiments/declared.json)."""
+  with open(DECLARED) as f:
+    return json.load(f).get(table, {})
+
+
+def declare(table: str, summary):
+  """``summary`` with each judged claim's ``declared`` commit and ``exploratory`` flag filled in
+  from experiments/declared.json (exact ids first, then patterns in file order); a claim found
+  there under neither keeps what it had."""
+  import fnmatch
+
+  table_decl = declarations(table)
+  exact = {k: v for k, v in table_decl.items() if not any(ch in k for ch in "*?[")}
+  patterns = [(k, v) for k, v in table_decl.items() if k not in exact]
+
+  def lookup(cid: str):
+    if cid in exact:
+      return exact[cid]
+    return next((v for k, v in patterns if fnmatch.fnmatchcase(cid, k)), None)
+
+  for m in list(mappings(summary)):
+    c = m.get("claim")
+    if isinstance(c, dict) and "id" in c and "verdict" in m:
+      d = lookup(c["id"])
+      if d is not None:
+        c["declared"] = d["declared"]
+        c["exploratory"] = bool(d.get("exploratory"))
+  return summary
+
+
 def write(exp: Experiment, report: dict, out_dir: str, *, sync_docs: bool = False) -> dict:
   """Judge ``report`` (``exp.summarize``), then write ``results.json``, ``table.md`` and the
   plots into ``out_dir`` (each file replaced atomically); with ``sync_docs``, the module's
@@ -780,6 +966,7 @@ def write(exp: Experiment, report: dict, out_dir: str, *, sync_docs: bool = Fals
   if not report.get("full"):
     check_same_start(report["data"])
   report = jsonable(dict(report, summary=exp.summarize(report)))
+  declare(exp.name, report["summary"])
   table = exp.render(report)
   _write_text(os.path.join(out_dir, "table.md"), table)
   report["plots"] = [os.path.basename(p) for p in exp.plot(report, out_dir)]
@@ -946,6 +1133,11 @@ def rejudge(exp: Experiment, out_dir: str, *, sync_docs: bool = False) -> dict:
   the harness, or written for another table (its ``"experiment"``) raises ValueError naming the
   file, before ``exp.summarize`` reads a layout it was not written for.
   """
+  return write(exp, read_report(exp, out_dir), out_dir, sync_docs=sync_docs)
+
+
+def read_report(exp: Experiment, out_dir: str) -> dict:
+  """``out_dir/results.json``, checked to be this table's (ValueError naming the file)."""
   path = os.path.join(out_dir, "results.json")
   with open(path, "rb") as f:
     raw = f.read()
@@ -965,4 +1157,125 @@ def rejudge(exp: Experiment, out_dir: str, *, sync_docs: bool = False) -> dict:
     raise ValueError(f"{path} holds the results of table {table!r}, not of table {exp.name!r}; "
                      f"re-judge it as {table!r} (scripts/reproduce.py {table} --rejudge), or "
                      f"{elsewhere}")
-  return write(exp, report, out_dir, sync_docs=sync_docs)
+  return report
+
+
+# ------------------------------------------------------------------ replication
+def verdicts_in(summary) -> dict[str, dict]:
+  """{claim id (with "@family" when ids repeat across families): verdict dict} of every judged
+  claim anywhere in a table's summary."""
+  found = [m for m in mappings(summary)
+           if isinstance(m.get("claim"), Mapping) and "verdict" in m and "diff" in m]
+  ids = [v["claim"]["id"] for v in found]
+  out = {}
+  for i, v in zip(ids, found):
+    key = i if ids.count(i) == 1 else f"{i}@{v['claim'].get('family', '')}"
+    out.setdefault(key, v)
+  return out
+
+
+def compare(committed: Mapping, new: Mapping, level: float = 0.95) -> list[dict]:
+  """Per claim judged in both summaries: the committed and the new difference with their
+  intervals and verdicts, and whether they agree: the change of the difference between the runs
+  (``stats.diff_of_diffs``, two-sided Welch-Satterthwaite) is not significant at 1 - ``level``
+  and the verdicts are equal. Claims without per-seed values (judged before protocol v2) get no
+  test."""
+  old, cur = verdicts_in(committed), verdicts_in(new)
+  rows = []
+  for cid, v in cur.items():
+    if cid not in old:
+      continue
+    o = old[cid]
+    row = {"id": cid, "text": v["claim"]["text"], "committed": o, "new": v,
+           "same_verdict": o["verdict"] == v["verdict"], "change": None}
+    if o.get("values") and v.get("values"):
+      paired = bool(v["claim"].get("paired")) or len(v["claim"]["arms"]) == 1
+      dd, lo, hi, p = stats.diff_of_diffs(*o["values"], *v["values"], level=level,
+                                          paired=paired)
+      row["change"] = {"diff": dd, "lo": lo, "hi": hi, "p": p}
+    row["agree"] = row["same_verdict"] and (row["change"] is None
+                                            or row["change"]["p"] > 1 - level)
+    rows.append(row)
+  return rows
+
+
+def replication_markdown(name: str, committed: Mapping, new: Mapping, rows: list[dict],
+                         command_line: str, digits: int = 3) -> str:
+  """``replication.md``: what was rerun where, and per claim committed vs new."""
+  def iv(v):
+    return f"{v['diff']:+.{digits}f} [{v['lo']:+.{digits}f}, {v['hi']:+.{digits}f}]"
+
+  agree = sum(r["agree"] for r in rows)
+  nc, nn = committed.get("config", {}), new.get("config", {})
+  lines = [f"# Replication of `{name}`", "",
+           f"`{command_line}`: the table's main arms rerun from its pinned start with "
+           f"{nn.get('seeds')} fresh seeds (from {nn.get('seed_offset', 0)}; the committed table "
+           f"used {nc.get('seeds')} seeds from {nc.get('seed_offset', 0)}).", "",
+           f"- Committed: commit {committed.get('machine', {}).get('commit', '?')} on "
+           f"{machine_text(committed.get('machine'))}; testbeds "
+           f"{', '.join(committed.get('testbeds') or ['not pinned'])}.",
+           f"- Replication: commit {new.get('machine', {}).get('commit', '?')} on "
+           f"{machine_text(new.get('machine'))}; testbeds "
+           f"{', '.join(new.get('testbeds') or ['not pinned'])}. {wall_time(new)}", "",
+           f"{agree} of {len(rows)} claims agree: the same verdict, and the change of a - b "
+           "between the runs (Welch-Satterthwaite over both runs' seeds, two-sided) not "
+           "significant at 0.05.", "",
+           "| claim | committed a - b [95%] | verdict | replication a - b [95%] | verdict | "
+           "change [95%] | p | agree |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for r in rows:
+    c, n, ch = r["committed"], r["new"], r["change"]
+    change = ("-", "-") if ch is None else (iv(ch), f"{ch['p']:.3g}")
+    lines.append(f"| {r['text']} | {iv(c)} | {c['verdict']} | {iv(n)} | {n['verdict']} | "
+                 f"{change[0]} | {change[1]} | {'yes' if r['agree'] else 'no'} |")
+  lines += ["", "Intervals of equivalence claims are their 90% TOST intervals; the change is "
+            "the replication's a - b minus the committed one, negated (committed - new)."]
+  return "\n".join(lines) + "\n"
+
+
+def replicate(exp: Experiment, out_dir: str, *, seeds: int | None = None,
+              seed_offset: int = 1000, no_progress: bool = False) -> dict:
+  """Rerun ``exp``'s main arms with fresh seeds from its pinned start, judge them as the table
+  is judged, and compare with the committed ``out_dir/results.json``: writes the new run into
+  ``out_dir/replication/`` and the comparison into ``out_dir/replication.md`` (printed).
+
+  Refuses (ValueError) a table without a replication design, and seeds that overlap the
+  committed ones."""
+  if exp.replicate is None:
+    raise ValueError(f"table {exp.name!r} has no replication design (its Experiment has no "
+                     "'replicate')")
+  committed = read_report(exp, out_dir)
+  old = committed["config"]
+  seeds = int(seeds or old.get("seeds", 2))
+  if seeds < 2:
+    raise ValueError(f"--seeds {seeds}: a replication needs >= 2 seeds per arm")
+  o0, n0 = int(old.get("seed_offset", 0)), int(old.get("seeds", 0))
+  if seed_offset < o0 + n0 and o0 < seed_offset + seeds:
+    raise ValueError(f"--seed-offset {seed_offset}: seeds {seed_offset}-{seed_offset + seeds - 1}"
+                     f" overlap the committed table's {o0}-{o0 + n0 - 1}; a replication uses "
+                     "seeds the table did not use")
+  config = exp.replicate(old, seeds, seed_offset)
+  units = exp.units(config)
+  rep_dir = os.path.join(out_dir, "replication")
+  os.makedirs(rep_dir, exist_ok=True)
+  results, secs, ran, provenance = run_units(units, os.path.join(rep_dir, "cache"),
+                                             f"{exp.name} replication", no_progress)
+  data = (exp.collect(config, results) if exp.collect else
+          {uid: {k: v for k, v in r.items() if not isinstance(v, np.ndarray)}
+           for uid, r in results.items()})
+  line = (f"python scripts/reproduce.py {exp.name} --replicate --seeds {seeds} "
+          f"--seed-offset {seed_offset}")
+  report = {"experiment": exp.name, "command": line, "config": config, "machine": machine(),
+            "seconds": secs.pop("_total"), "unit_seconds": sum(secs.values()), "units_run": ran,
+            "units": provenance, "testbeds": testbeds_in([u.spec for u in units.values()]),
+            "data": data, "replication_of": {"commit": committed.get("machine", {}).get("commit"),
+                                             "seeds": n0, "seed_offset": o0}}
+  check_same_start(data)
+  report = jsonable(dict(report, summary=exp.summarize(report)))
+  declare(exp.name, report["summary"])
+  write_json(os.path.join(rep_dir, "results.json"), report)
+  rows = compare(committed.get("summary", {}), report["summary"])
+  text = replication_markdown(exp.name, committed, report, rows, line)
+  _write_text(os.path.join(out_dir, "replication.md"), text)
+  print(text)
+  return {"report": report, "rows": rows}
+

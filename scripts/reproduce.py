@@ -5,6 +5,8 @@
     python scripts/reproduce.py averaging --seeds 5 --out /tmp/avg
     python scripts/reproduce.py mc_grpo --sync-docs  # docstring results block from results/
     python scripts/reproduce.py dars --rejudge       # re-judge results/dars/results.json (seconds)
+    python scripts/reproduce.py ace --replicate --seeds 4   # fresh seeds from the pinned start,
+                                                     # compared claim by claim with results/ace
     python scripts/reproduce.py mc_grpo --full --runs runs/ --prefix math-  # full-size runs
 
 Each entry of ``EXPERIMENTS`` names a module whose ``EXPERIMENT`` is an
@@ -13,7 +15,10 @@ Each entry of ``EXPERIMENTS`` names a module whose ``EXPERIMENT`` is an
 per-seed results in ``--out`` with the current statistics, without training. A full run (or a
 re-judge) into the default ``results/<name>`` also rewrites the results block at the end of the
 module's docstring and the generated section of its README (``experiments/docsync.py``).
-``--full --runs DIR`` judges full-size runs instead (the ``experiments/*/full.py`` arms, one
+``--replicate`` reruns the table's main arms from its pinned testbed with seeds it did not use
+(``--seeds K``, from ``--seed-offset S``) and writes, per claim, the committed and the new
+interval and whether they agree (``--out/replication.md``). ``--full --runs DIR`` judges
+full-size runs instead (the ``experiments/*/full.py`` arms, one
 ``scripts/train.py`` run directory per arm x seed) with the same summary, intervals and verdicts,
 written to ``results/<name>_full`` unless ``--out`` says otherwise.
 """
@@ -56,6 +61,12 @@ def main(argv=None):
                                  "(one per arm x seed, any depth)")
   ap.add_argument("--prefix", default="",
                   help="with --full: only the full.py arms whose names start with this")
+  ap.add_argument("--replicate", action="store_true",
+                  help="rerun the table's main arms from its pinned start with fresh seeds and "
+                       "compare, claim by claim, with the committed results in --out "
+                       "(writes --out/replication.md and --out/replication/)")
+  ap.add_argument("--seed-offset", type=int, default=1000,
+                  help="with --replicate: the first fresh seed (default 1000)")
   ap.add_argument("--rejudge", action="store_true",
                   help="re-judge the claims of the results already in --out (no training), "
                        "then rewrite table.md, the plots and the docs")
@@ -99,6 +110,13 @@ def _main(ap, args):
   if os.path.exists(args.out) and not os.path.isdir(args.out):
     raise NotADirectoryError(f"--out {args.out} is a file; it must be a directory (or not exist)")
   sync = default_out and not args.quick
+  if args.replicate:
+    if args.quick or args.rejudge:
+      ap.error("--replicate compares with the committed full run: not with --quick or --rejudge")
+    if not os.path.exists(os.path.join(args.out, "results.json")):
+      raise FileNotFoundError(f"--replicate: no committed results.json in {args.out}")
+    return harness.replicate(exp, args.out, seeds=args.seeds, seed_offset=args.seed_offset,
+                             no_progress=args.no_progress)
   if args.rejudge:
     if not os.path.exists(os.path.join(args.out, "results.json")):
       raise FileNotFoundError(f"--rejudge: no results.json in {args.out}")

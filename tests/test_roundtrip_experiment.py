@@ -18,7 +18,7 @@ from experiments.roundtrip import unit as U
 from scripts import reproduce
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VERDICTS = {CL.REPRODUCED, CL.NOT, CL.INCONCLUSIVE}
+VERDICTS = {CL.REPRODUCED, CL.NOT, CL.INCONCLUSIVE, harness.NOT_TESTABLE}
 MODULE, README = docsync.paths(exp.EXPERIMENT)
 
 

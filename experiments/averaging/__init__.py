@@ -21,37 +21,37 @@ nothing else), ``curves.png``, ``t1_gain_vs_lr.png``, ``t2_gain_vs_nu.png``, ``t
 
 Results on this CPU (generated from results/averaging/table.md; do not edit by hand):
 
-`python scripts/reproduce.py averaging`: 48 runs, 8 seeds per setting (8 from power: pilot SD 0.0041, minimum effect 0.01, 80% power, alpha 0.05; floor 8), 1000 steps each; model 49,344 parameters; entropy floor 1.8198 nats/token; Bayes next-token accuracy 0.4718; 18.3 min on x86_64, 2 CPU cores, jax 0.10.2 on cpu. Minimum detectable effect of the claims: 9.24e-05-0.00437. Cells: mean [95% t interval over seeds]; a difference of two policies of the same runs: paired t interval; accuracy: the expected next-token accuracy (mean P_true of the model's argmax).
+`python scripts/reproduce.py averaging`: 48 runs, 8 seeds per setting (8 from power: pilot SD 0.0041, minimum effect 0.01, 80% power, alpha 0.05; floor 8), 1000 steps each; model 49,344 parameters; entropy floor 1.8198 nats/token; Bayes next-token accuracy 0.4718; 18.3 min on x86_64 (CPU model not recorded), 2 CPU cores, jax 0.10.2 on cpu. Minimum detectable effect of the claims: 9.24e-05-0.00437. Cells: mean [95% t interval over seeds]; a difference of two policies of the same runs: paired t interval; accuracy: the expected next-token accuracy (mean P_true of the model's argmax).
 
 ## Paper claims
 
 Pre-declared metric: the excess loss at the final evaluation (step 1000), and for Kaddour's accuracy claims the expected next-token accuracy there, 8 seeds; one Holm family per paper. Intervals cover seed-to-seed variation (initialisation and data order) only: every run and policy is scored on the same fixed 64 held-out sequences (exact KL to and expected accuracy under the true next-token distribution, no target sampling), so they exclude evaluation-data sampling error.
 
-| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
-| --- | --- | --- | --- | --- | --- | --- |
-| Kaddour 2022: the average of the k latest checkpoints has a lower loss than the raw run (constant LR 0.001) | LAWA k=5 nu=50, LR 0.001: -0.025 [-0.027, -0.022] | 6.05e-08 (1.21e-07) | 0.00391 | 8 vs 8 | 0.003 | reproduced |
-| Kaddour 2022: the average of the k latest checkpoints has a lower loss than the raw run (constant LR 0.003) | LAWA k=5 nu=50, LR 0.003: -0.046 [-0.049, -0.042] | 2.89e-09 (1.73e-08) | 0.00391 | 8 vs 8 | 0.004 | reproduced |
-| Kaddour 2022: the average of the k latest checkpoints has a lower loss than the raw run (constant LR 0.01) | LAWA k=5 nu=50, LR 0.01: -0.064 [-0.067, -0.061] | 1.03e-10 (7.22e-10) | 0.00391 | 8 vs 8 | 0.004 | reproduced |
-| Kaddour 2022: the average of the k latest checkpoints has a lower loss than the raw run (constant LR 0.03) | LAWA k=5 nu=50, LR 0.03: -0.081 [-0.083, -0.079] | 2.66e-12 (2.13e-11) | 0.00391 | 8 vs 8 | 0.003 | reproduced |
-| Kaddour 2022: the average of the k latest checkpoints has a higher next-token accuracy than the raw run (constant LR 0.001) | LAWA k=5 nu=50, LR 0.001: +0.008 [+0.008, +0.009] | 1.15e-08 (5.08e-08) | 0.00391 | 8 vs 8 | 0.001 | reproduced |
-| Kaddour 2022: the average of the k latest checkpoints has a higher next-token accuracy than the raw run (constant LR 0.003) | LAWA k=5 nu=50, LR 0.003: +0.012 [+0.010, +0.014] | 6.68e-07 (6.68e-07) | 0.00391 | 8 vs 8 | 0.002 | reproduced |
-| Kaddour 2022: the average of the k latest checkpoints has a higher next-token accuracy than the raw run (constant LR 0.01) | LAWA k=5 nu=50, LR 0.01: +0.015 [+0.014, +0.016] | 1.41e-08 (5.08e-08) | 0.00391 | 8 vs 8 | 0.002 | reproduced |
-| Kaddour 2022: the average of the k latest checkpoints has a higher next-token accuracy than the raw run (constant LR 0.03) | LAWA k=5 nu=50, LR 0.03: +0.019 [+0.017, +0.020] | 1.02e-08 (5.08e-08) | 0.00391 | 8 vs 8 | 0.002 | reproduced |
-| Sanyal et al. 2023: higher learning rates give higher averaging gains (final LAWA gain, LR 0.03 vs 0.001) | gain at LR 0.03: +0.056 [+0.053, +0.059] | 2.75e-15 (1.37e-14) | 0.0001 | 8 vs 8 | 0.004 | reproduced |
-| Sanyal et al. 2023: larger spacing between averaged checkpoints amplifies the gain (LAWA nu=100 vs nu=10, LR 0.03) | LAWA nu=100, LR 0.03: -0.000 [-0.002, +0.001] | 0.295 (0.591) | 0.328 | 8 vs 8 | 0.002 | inconclusive |
-| Sanyal et al. 2023: LAWA outperforms EMA (decay 0.9 every step; LR 0.03) | LAWA, LR 0.03: -0.024 [-0.025, -0.022] | 9.76e-10 (3.91e-09) | 0.00391 | 8 vs 8 | 0.002 | reproduced |
-| Sanyal et al. 2023: LAWA outperforms SWA (every 10 steps; LR 0.03) | LAWA, LR 0.03: -0.022 [-0.023, -0.020] | 2.27e-09 (6.82e-09) | 0.00391 | 8 vs 8 | 0.002 | reproduced |
-| Sanyal et al. 2023: LAWA outperforms EMA (checked here against an EMA with its decay tuned, 0.9901, a stronger baseline; LR 0.03) | LAWA, LR 0.03: +0.013 [+0.012, +0.014] | 1 (1) | 1 | 8 vs 8 | 0.001 | not reproduced |
-| Karras et al. 2024: a post-hoc reconstructed EMA (sigma_rel 0.1) is as good as training with a tuned EMA, within 0.01 nats (LR 0.03) | post-hoc EMA, LR 0.03: -0.001 [-0.001, -0.000] | 6.95e-15 (6.95e-15) | 0.00781 | 8 vs 8 | 0.000 | reproduced |
-| Choi & Yu 2025: loss-weighted MWA beats the uniform average of the same checkpoints (last 10; LR 0.001) | MWA loss p=8, last 10, LR 0.001: -0.003 [-0.003, -0.002] | 2.3e-07 (1.15e-06) | 0.00391 | 8 vs 8 | 0.000 | reproduced |
-| Choi & Yu 2025: loss-weighted MWA beats the uniform average of the same checkpoints (last 10; LR 0.003) | MWA loss p=8, last 10, LR 0.003: -0.001 [-0.001, -0.001] | 3.96e-08 (2.77e-07) | 0.00391 | 8 vs 8 | 0.000 | reproduced |
-| Choi & Yu 2025: loss-weighted MWA beats the uniform average of the same checkpoints (last 10; LR 0.01) | MWA loss p=8, last 10, LR 0.01: -0.000 [-0.001, -0.000] | 6.97e-07 (2.79e-06) | 0.00391 | 8 vs 8 | 0.000 | reproduced |
-| Choi & Yu 2025: loss-weighted MWA beats the uniform average of the same checkpoints (last 10; LR 0.03) | MWA loss p=8, last 10, LR 0.03: -0.000 [-0.001, -0.000] | 2.34e-06 (7.02e-06) | 0.00391 | 8 vs 8 | 0.000 | reproduced |
-| Choi & Yu 2025: loss-weighted MWA beats the uniform average of the same checkpoints (last 10; LR 0.003 (cosine)) | MWA loss p=8, last 10, LR 0.003 (cosine): -0.001 [-0.001, -0.001] | 7.52e-08 (4.51e-07) | 0.00391 | 8 vs 8 | 0.000 | reproduced |
-| Choi & Yu 2025: loss-weighted MWA beats the uniform average of the same checkpoints (last 10; LR 0.01 (cosine)) | MWA loss p=8, last 10, LR 0.01 (cosine): -0.001 [-0.001, -0.001] | 2.91e-08 (2.33e-07) | 0.00391 | 8 vs 8 | 0.000 | reproduced |
-| Choi & Yu 2025: loss-weighted MWA surpasses the final checkpoint (LR 0.03) | MWA loss p=8, last 10, LR 0.03: -0.084 [-0.086, -0.083] | 1.08e-12 (9.71e-12) | 0.00391 | 8 vs 8 | 0.002 | reproduced |
-| Choi & Yu 2025: loss-weighted MWA surpasses the final checkpoint (LR 0.003 (cosine)) | MWA loss p=8, last 10, LR 0.003 (cosine): +0.002 [+0.001, +0.003] | 1 (1) | 1 | 8 vs 8 | 0.001 | not reproduced |
-| Choi & Yu 2025: loss-weighted MWA surpasses the final checkpoint (LR 0.01 (cosine)) | MWA loss p=8, last 10, LR 0.01 (cosine): -0.003 [-0.004, -0.002] | 5.39e-05 (0.000108) | 0.00391 | 8 vs 8 | 0.001 | reproduced |
+| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| Kaddour 2022: the average of the k latest checkpoints has a lower loss than the raw run (constant LR 0.001) | LAWA k=5 nu=50, LR 0.001: -0.025 [-0.027, -0.022] | 0.01 | 6.05e-08 (1.21e-07) | 0.00391 | 8 vs 8 | 0.003 | 59d6211 (exploratory) | reproduced |
+| Kaddour 2022: the average of the k latest checkpoints has a lower loss than the raw run (constant LR 0.003) | LAWA k=5 nu=50, LR 0.003: -0.046 [-0.049, -0.042] | 0.01 | 2.89e-09 (1.73e-08) | 0.00391 | 8 vs 8 | 0.004 | 59d6211 (exploratory) | reproduced |
+| Kaddour 2022: the average of the k latest checkpoints has a lower loss than the raw run (constant LR 0.01) | LAWA k=5 nu=50, LR 0.01: -0.064 [-0.067, -0.061] | 0.01 | 1.03e-10 (7.22e-10) | 0.00391 | 8 vs 8 | 0.004 | 59d6211 (exploratory) | reproduced |
+| Kaddour 2022: the average of the k latest checkpoints has a lower loss than the raw run (constant LR 0.03) | LAWA k=5 nu=50, LR 0.03: -0.081 [-0.083, -0.079] | 0.01 | 2.66e-12 (2.13e-11) | 0.00391 | 8 vs 8 | 0.003 | 59d6211 (exploratory) | reproduced |
+| Kaddour 2022: the average of the k latest checkpoints has a higher next-token accuracy than the raw run (constant LR 0.001) | LAWA k=5 nu=50, LR 0.001: +0.008 [+0.008, +0.009] | 0 | 1.15e-08 (5.08e-08) | 0.00391 | 8 vs 8 | 0.001 | 65e36fb (exploratory) | reproduced |
+| Kaddour 2022: the average of the k latest checkpoints has a higher next-token accuracy than the raw run (constant LR 0.003) | LAWA k=5 nu=50, LR 0.003: +0.012 [+0.010, +0.014] | 0 | 6.68e-07 (6.68e-07) | 0.00391 | 8 vs 8 | 0.002 | 65e36fb (exploratory) | reproduced |
+| Kaddour 2022: the average of the k latest checkpoints has a higher next-token accuracy than the raw run (constant LR 0.01) | LAWA k=5 nu=50, LR 0.01: +0.015 [+0.014, +0.016] | 0 | 1.41e-08 (5.08e-08) | 0.00391 | 8 vs 8 | 0.002 | 65e36fb (exploratory) | reproduced |
+| Kaddour 2022: the average of the k latest checkpoints has a higher next-token accuracy than the raw run (constant LR 0.03) | LAWA k=5 nu=50, LR 0.03: +0.019 [+0.017, +0.020] | 0 | 1.02e-08 (5.08e-08) | 0.00391 | 8 vs 8 | 0.002 | 65e36fb (exploratory) | reproduced |
+| Sanyal et al. 2023: higher learning rates give higher averaging gains (final LAWA gain, LR 0.03 vs 0.001) | gain at LR 0.03: +0.056 [+0.053, +0.059] | 0.01 | 2.75e-15 (1.37e-14) | 0.0001 | 8 vs 8 | 0.004 | 59d6211 (exploratory) | reproduced |
+| Sanyal et al. 2023: larger spacing between averaged checkpoints amplifies the gain (LAWA nu=100 vs nu=10, LR 0.03) | LAWA nu=100, LR 0.03: -0.000 [-0.002, +0.001] | 0.01 | 0.295 (0.591) | 0.328 | 8 vs 8 | 0.002 | 59d6211 (exploratory) | not reproduced |
+| Sanyal et al. 2023: LAWA outperforms EMA (decay 0.9 every step; LR 0.03) | LAWA, LR 0.03: -0.024 [-0.025, -0.022] | 0.01 | 9.76e-10 (3.91e-09) | 0.00391 | 8 vs 8 | 0.002 | 59d6211 (exploratory) | reproduced |
+| Sanyal et al. 2023: LAWA outperforms SWA (every 10 steps; LR 0.03) | LAWA, LR 0.03: -0.022 [-0.023, -0.020] | 0.01 | 2.27e-09 (6.82e-09) | 0.00391 | 8 vs 8 | 0.002 | 59d6211 (exploratory) | reproduced |
+| Sanyal et al. 2023: LAWA outperforms EMA (checked here against an EMA with its decay tuned, 0.9901, a stronger baseline; LR 0.03) | LAWA, LR 0.03: +0.013 [+0.012, +0.014] | 0.01 | 1 (1) | 1 | 8 vs 8 | 0.001 | 59d6211 (exploratory) | not reproduced |
+| Karras et al. 2024: a post-hoc reconstructed EMA (sigma_rel 0.1) is as good as training with a tuned EMA, within 0.01 nats (LR 0.03) | post-hoc EMA, LR 0.03: -0.001 [-0.001, -0.000] | +-0.01 | 6.95e-15 (6.95e-15) | 0.00781 | 8 vs 8 | 0.000 | 59d6211 (exploratory) | reproduced; but a - b is significantly below 0 (95% interval [-0.001, -0.000]) |
+| Choi & Yu 2025: loss-weighted MWA beats the uniform average of the same checkpoints (last 10; LR 0.001) | MWA loss p=8, last 10, LR 0.001: -0.003 [-0.003, -0.002] | 0.01 | 2.3e-07 (1.15e-06) | 0.00391 | 8 vs 8 | 0.000 | 65e36fb (exploratory) | trivial |
+| Choi & Yu 2025: loss-weighted MWA beats the uniform average of the same checkpoints (last 10; LR 0.003) | MWA loss p=8, last 10, LR 0.003: -0.001 [-0.001, -0.001] | 0.01 | 3.96e-08 (2.77e-07) | 0.00391 | 8 vs 8 | 0.000 | 65e36fb (exploratory) | trivial |
+| Choi & Yu 2025: loss-weighted MWA beats the uniform average of the same checkpoints (last 10; LR 0.01) | MWA loss p=8, last 10, LR 0.01: -0.000 [-0.001, -0.000] | 0.01 | 6.97e-07 (2.79e-06) | 0.00391 | 8 vs 8 | 0.000 | 65e36fb (exploratory) | trivial |
+| Choi & Yu 2025: loss-weighted MWA beats the uniform average of the same checkpoints (last 10; LR 0.03) | MWA loss p=8, last 10, LR 0.03: -0.000 [-0.001, -0.000] | 0.01 | 2.34e-06 (7.02e-06) | 0.00391 | 8 vs 8 | 0.000 | 65e36fb (exploratory) | trivial |
+| Choi & Yu 2025: loss-weighted MWA beats the uniform average of the same checkpoints (last 10; LR 0.003 (cosine)) | MWA loss p=8, last 10, LR 0.003 (cosine): -0.001 [-0.001, -0.001] | 0.01 | 7.52e-08 (4.51e-07) | 0.00391 | 8 vs 8 | 0.000 | 65e36fb (exploratory) | trivial |
+| Choi & Yu 2025: loss-weighted MWA beats the uniform average of the same checkpoints (last 10; LR 0.01 (cosine)) | MWA loss p=8, last 10, LR 0.01 (cosine): -0.001 [-0.001, -0.001] | 0.01 | 2.91e-08 (2.33e-07) | 0.00391 | 8 vs 8 | 0.000 | 65e36fb (exploratory) | trivial |
+| Choi & Yu 2025: loss-weighted MWA surpasses the final checkpoint (LR 0.03) | MWA loss p=8, last 10, LR 0.03: -0.084 [-0.086, -0.083] | 0.01 | 1.08e-12 (9.71e-12) | 0.00391 | 8 vs 8 | 0.002 | 65e36fb (exploratory) | reproduced |
+| Choi & Yu 2025: loss-weighted MWA surpasses the final checkpoint (LR 0.003 (cosine)) | MWA loss p=8, last 10, LR 0.003 (cosine): +0.002 [+0.001, +0.003] | 0.01 | 1 (1) | 1 | 8 vs 8 | 0.001 | 65e36fb (exploratory) | not reproduced |
+| Choi & Yu 2025: loss-weighted MWA surpasses the final checkpoint (LR 0.01 (cosine)) | MWA loss p=8, last 10, LR 0.01 (cosine): -0.003 [-0.004, -0.002] | 0.01 | 5.39e-05 (0.000108) | 0.00391 | 8 vs 8 | 0.001 | 65e36fb (exploratory) | trivial |
 
 Statistics: TOST (paired t), margin 0.01; Welch interval and one-sided Welch test; paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.00388; minimum detectable effect (80% power) 9.24e-05-0.00437.
 
@@ -118,7 +118,7 @@ def _arrays(data: dict) -> dict:
 
 def summarize(report: dict) -> dict:
   cfg, data = sweep_config(report["config"]), _arrays(report["data"])
-  claims = R.Claims()
+  claims = R.Claims(sesoi=cfg.min_effect)
   tables = {name: mod.compute(data, cfg, claims) for name, mod in TABLES}
   judged = harness.judge_family(claims.claims, claims.values) if cfg.seeds >= 2 else []
   return {"tables": tables, "claims": [v.to_json() for v in judged],

@@ -109,7 +109,7 @@ KEY_SEED = 17  # the PRNG key of seed s is fold_in(key(KEY_SEED), s)
 
 PARTS = ("bias", "variance", "total")  # total: the full recursion (b + v), cross term included
 BANDS = ("top", "middle", "bottom")
-VERDICTS = ("reproduced", "not reproduced", "inconclusive")
+VERDICTS = ("reproduced", "trivial", "not reproduced", "inconclusive")
 
 M_VAR = "final variance-part risk (all bands)"
 M_BIAS = "final bias-part risk, {band} band"
@@ -490,7 +490,10 @@ def summarize(report: dict) -> dict:
   data = report["data"]
   per_seed = {k: np.asarray(v, np.float64) for k, v in data["per_seed"].items()}
   values = claim_values(per_seed, p)
-  cs = claims(p)
+  # Each claim's SESOI is the minimum effect its power analysis used (``min_effect``).
+  effects = data.get("power", {}).get("claims", {})
+  cs = [dataclasses.replace(c, sesoi=float(effects[c.id]["effect"])) if c.id in effects else c
+        for c in claims(p)]
   verdicts = harness.judge_family(cs, values)
   exact = np.asarray(data["oracle_curves"], np.float64)
   ex = curve_metrics(exact, p)
@@ -594,22 +597,28 @@ def render(report: dict) -> str:
       "centre); exact: the same quantity from the exact expected risks (a slope of the log of "
       "the expected risk, which is not the mean of the per-seed log slopes).", "",
       "| claim (paper) | metric | a: mean [95%] | b (or centre) | a - b [95%] | exact a - b | "
-      "p (Holm) | permutation p | seeds | min. detectable | verdict |",
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+      "SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |",
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for r in s["claims"]:
     c = r["claim"]
     b = _cell(r["b"]) if r["b"] is not None else f"{c['center']:g}"
+    declared = (c.get("declared") or "-") + (" (exploratory)" if c.get("exploratory") else "")
     lines.append(
         f"| {c['text']} | {c['metric']} | {c['arms'][0]}: {_cell(r['a'])} | {b} | "
         f"{r['diff']:+.3g} [{r['lo']:+.3g}, {r['hi']:+.3g}] | {r['exact_diff']:+.3g} | "
-        f"{r['p']:.3g} ({r['p_holm']:.3g}) | {r['p_permutation']:.3g} | {r['n'][0]} | "
-        f"{r['mde']:.3g} | {r['verdict']} |")
+        f"{c.get('sesoi', 0):.3g} | {r['p']:.3g} ({r['p_holm']:.3g}) | {r['p_permutation']:.3g} "
+        f"| {r['n'][0]} | {r['mde']:.3g} | {declared} | {r['verdict']} |")
+  if any(r["claim"].get("exploratory") for r in s["claims"]):
+    lines += ["", "Exploratory: this table's design and its results landed in one commit, so no "
+              "claim was declared before its run (experiments/declared.json); it stays out of the "
+              "headline summary."]
   lines += ["", harness.protocol_note(s["claims"]), "",
             harness.rules_note(s["claims"]) + " A one-sample claim (b is a centre) is a paired "
             "claim against that constant.", ""]
   counts = {v: sum(r["verdict"] == v for r in s["claims"]) for v in VERDICTS}
-  lines += [f"Verdicts: {counts['reproduced']} reproduced, {counts['not reproduced']} not "
-            f"reproduced, {counts['inconclusive']} inconclusive of {len(s['claims'])}; the exact "
+  lines += [f"Verdicts: {counts['reproduced']} reproduced, {counts['trivial']} trivial, "
+            f"{counts['not reproduced']} not reproduced, {counts['inconclusive']} inconclusive of "
+            f"{len(s['claims'])}; the exact "
             f"expectations meet {sum(r['exact_meets_rule'] for r in s['claims'])} of the "
             f"{len(s['claims'])} rules.", ""]
   L, cells, exact = p.labels, s["cells"], s["exact"]
@@ -691,6 +700,7 @@ def _write_text(path: str, text: str) -> None:
 def write(report: dict, out: str) -> dict:
   """Judge ``report`` and write ema_risk.json and ema_risk.md into ``out``."""
   report = harness.jsonable(dict(report, summary=summarize(report)))
+  harness.declare(NAME, report["summary"])
   table = render(report)
   os.makedirs(out, exist_ok=True)
   _write_text(os.path.join(out, f"{NAME}.md"), table + "\n")

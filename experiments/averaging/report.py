@@ -63,17 +63,21 @@ class Claims:
   """Claims of the tables as ``harness.Claim`` data, with the per-seed values they are judged on
   (``values[metric][arm]``, ordered by seed)."""
 
-  def __init__(self):
+  def __init__(self, sesoi: float = 0.0):
     self.claims: list[harness.Claim] = []
     self.values: dict[str, dict[str, list[float]]] = {}
+    self.sesoi = sesoi  # the design's minimum effect in nats: the SESOI of every loss claim
 
   def add(self, id: str, text: str, arms: dict, *, direction: str, family: str,
           metric: str = METRIC, margin: float = 0.0, paired: bool = True) -> None:
-    """``arms``: {name: per-seed values} for (a, b), in that order."""
+    """``arms``: {name: per-seed values} for (a, b), in that order. A directional claim on a
+    loss in nats gets the design's minimum effect as its SESOI; other metrics (accuracy) have
+    none declared (SESOI 0)."""
     for name, v in arms.items():
       self.values.setdefault(metric, {})[name] = [float(x) for x in v]
+    sesoi = self.sesoi if "nats" in metric and direction != "equivalent" else 0.0
     self.claims.append(harness.Claim(id, text, metric, tuple(arms), direction, margin, family,
-                                     paired))
+                                     paired, sesoi=sesoi))
 
 
 def verdict_section(judged: list[dict]) -> list[str]:

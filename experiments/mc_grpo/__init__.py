@@ -47,27 +47,27 @@ regenerated with this design it holds the previous design's results (1-4 digits,
 
 Results on this CPU (generated from results/mc_grpo/table.md; do not edit by hand):
 
-`python scripts/reproduce.py mc_grpo`: 8 seeds per arm (8 from power: pilot SD 0.0078, minimum effect 0.0125, 80% power, alpha 0.05; floor 8), 100 RL steps, band 2-3 digit addition, graded reward, 64 prompts per step, lr 0.0001, no KL; the same arms on the 0/1 reward as a secondary table. Primary metric: test pass@1 (300 problems x 8 samples), the mean of each seed's last 3 evaluations. SFT start: 0.158. Minimum detectable effect of the variant claims: 0.007-0.008. Wall time: 37.7 min of training and evaluation over all arms on this machine (this invocation 19.6 min; cached arms are not rerun). Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key).
+`python scripts/reproduce.py mc_grpo`: 8 seeds per arm (8 from power: pilot SD 0.0078, minimum effect 0.0125, 80% power, alpha 0.05; floor 8), 100 RL steps, band 2-3 digit addition, graded reward, 64 prompts per step, lr 0.0001, no KL; the same arms on the 0/1 reward as a secondary table. Primary metric: test pass@1 (300 problems x 8 samples), the mean of each seed's last 3 evaluations. SFT start: 0.158. Minimum detectable effect of the variant claims: 0.007-0.008. Wall time: 37.7 min of training and evaluation over all arms (this invocation 19.6 min; cached arms are not rerun). Run on x86_64 (CPU model not recorded), 2 CPU cores, jax 0.10.2 on cpu at commit 8e19f14, from an SFT start retrained on that machine (results older than pinned testbeds). Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key).
 
 ## Paper claims
 
 The testbed gate (one Holm family: GRPO's gains over the SFT start, one-sample t against it) must pass before the variant claims are read:
 
-| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
-| --- | --- | --- | --- | --- | --- | --- |
-| GRPO at G=8 gains over the SFT start | G8-mean - 0.1575: +0.073 [+0.070, +0.075] | 1.8e-11 (3.59e-11) | 0.00391 | 8 | 0.003 | reproduced |
-| GRPO at G=2 gains over the SFT start | G2-mean - 0.1575: +0.049 [+0.045, +0.053] | 8.88e-09 (8.88e-09) | 0.00391 | 8 | 0.005 | reproduced |
+| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| GRPO at G=8 gains over the SFT start | G8-mean - 0.1575: +0.073 [+0.070, +0.075] | 0 | 1.8e-11 (3.59e-11) | 0.00391 | 8 | 0.003 | e307ab4 | reproduced |
+| GRPO at G=2 gains over the SFT start | G2-mean - 0.1575: +0.049 [+0.045, +0.053] | 0 | 8.88e-09 (8.88e-09) | 0.00391 | 8 | 0.005 | e307ab4 | reproduced |
 
 Gate passed: GRPO learns at both G.
 
 Variant claims (one Holm family), 8 seeds per arm:
 
-| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
-| --- | --- | --- | --- | --- | --- | --- |
-| the median at G=2 comes within 1% of G=8 | G8-mean: +0.031 [+0.027, +0.036] | 1 (1) | 0.0002 | 8 vs 8 | 0.007 | not reproduced |
-| median beats the mean baseline at G=2 | G2-median: -0.008 [-0.013, -0.002] | 0.993 (1) | 0.994 | 8 vs 8 | 0.008 | not reproduced |
-| median beats the unbiased same-compute control at G=2 | G2-median: -0.010 [-0.015, -0.004] | 0.999 (1) | 0.999 | 8 vs 8 | 0.008 | not reproduced |
-| median beats the official same-compute ablation at G=2 | G2-median: -0.016 [-0.021, -0.010] | 1 (1) | 1 | 8 vs 8 | 0.008 | not reproduced |
+| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| the median at G=2 comes within 1% of G=8 | G8-mean: +0.031 [+0.027, +0.036] | +-0.01 | 1 (1) | 0.0002 | 8 vs 8 | 0.007 | 5183d8b | not reproduced |
+| median beats the mean baseline at G=2 | G2-median: -0.008 [-0.013, -0.002] | 0.0125 | 0.993 (1) | 0.994 | 8 vs 8 | 0.008 | 5183d8b | not reproduced; near its threshold (the deciding bound is 0.002 from it, under half the minimum detectable effect 0.008) |
+| median beats the unbiased same-compute control at G=2 | G2-median: -0.010 [-0.015, -0.004] | 0.0125 | 0.999 (1) | 0.999 | 8 vs 8 | 0.008 | e307ab4 | not reproduced |
+| median beats the official same-compute ablation at G=2 | G2-median: -0.016 [-0.021, -0.010] | 0.0125 | 1 (1) | 1 | 8 vs 8 | 0.008 | e307ab4 | not reproduced |
 
 Statistics: TOST (Welch), margin 0.01; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.00541; minimum detectable effect (80% power) 0.00702-0.00816.
 
@@ -75,19 +75,19 @@ Statistics: TOST (Welch), margin 0.01; Welch interval and one-sided Welch test a
 
 Pre-declared as secondary: its own gate and Holm families, judged the same way.
 
-| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
-| --- | --- | --- | --- | --- | --- | --- |
-| GRPO at G=8 gains over the SFT start | 01-G8-mean - 0.1575: +0.080 [+0.078, +0.083] | 8.73e-12 (1.75e-11) | 0.00391 | 8 | 0.003 | reproduced |
-| GRPO at G=2 gains over the SFT start | 01-G2-mean - 0.1575: +0.040 [+0.036, +0.045] | 7.22e-08 (7.22e-08) | 0.00391 | 8 | 0.006 | reproduced |
+| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| GRPO at G=8 gains over the SFT start | 01-G8-mean - 0.1575: +0.080 [+0.078, +0.083] | 0 | 8.73e-12 (1.75e-11) | 0.00391 | 8 | 0.003 | d627d96 (exploratory) | reproduced |
+| GRPO at G=2 gains over the SFT start | 01-G2-mean - 0.1575: +0.040 [+0.036, +0.045] | 0 | 7.22e-08 (7.22e-08) | 0.00391 | 8 | 0.006 | d627d96 (exploratory) | reproduced |
 
 Gate passed: GRPO learns at both G on the 0/1 reward.
 
-| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
-| --- | --- | --- | --- | --- | --- | --- |
-| the median at G=2 comes within 1% of G=8 | 01-G8-mean: +0.027 [+0.022, +0.033] | 1 (1) | 0.0002 | 8 vs 8 | 0.009 | not reproduced |
-| median beats the mean baseline at G=2 | 01-G2-median: +0.012 [+0.005, +0.019] | 0.00152 (0.00606) | 0.0026 | 8 vs 8 | 0.010 | reproduced |
-| median beats the unbiased same-compute control at G=2 | 01-G2-median: +0.005 [-0.002, +0.012] | 0.0597 (0.179) | 0.0565 | 8 vs 8 | 0.010 | inconclusive |
-| median beats the official same-compute ablation at G=2 | 01-G2-median: -0.011 [-0.018, -0.004] | 0.998 (1) | 0.999 | 8 vs 8 | 0.009 | not reproduced |
+| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| the median at G=2 comes within 1% of G=8 | 01-G8-mean: +0.027 [+0.022, +0.033] | +-0.01 | 1 (1) | 0.0002 | 8 vs 8 | 0.009 | d627d96 (exploratory) | not reproduced |
+| median beats the mean baseline at G=2 | 01-G2-median: +0.012 [+0.005, +0.019] | 0.0125 | 0.00152 (0.00606) | 0.0026 | 8 vs 8 | 0.010 | d627d96 (exploratory) | reproduced; near its threshold (the deciding bound is 0.005 from it, under half the minimum detectable effect 0.010) |
+| median beats the unbiased same-compute control at G=2 | 01-G2-median: +0.005 [-0.002, +0.012] | 0.0125 | 0.0597 (0.179) | 0.0565 | 8 vs 8 | 0.010 | d627d96 (exploratory) | not reproduced |
+| median beats the official same-compute ablation at G=2 | 01-G2-median: -0.011 [-0.018, -0.004] | 0.0125 | 0.998 (1) | 0.999 | 8 vs 8 | 0.009 | d627d96 (exploratory) | not reproduced; near its threshold (the deciding bound is 0.004 from it, under half the minimum detectable effect 0.009) |
 
 Statistics: TOST (Welch), margin 0.01; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.00668; minimum detectable effect (80% power) 0.00879-0.0101.
 
@@ -95,21 +95,21 @@ Statistics: TOST (Welch), margin 0.01; Welch interval and one-sided Welch test a
 
 The paper's "orthogonal to the base" claim: each base's own G=2 mean arm must gain over the SFT start (its own gate family), then median vs mean over that base (one Holm family).
 
-| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
-| --- | --- | --- | --- | --- | --- | --- |
-| DAPO at G=2 gains over the SFT start | dapo-G2-mean - 0.1575: +0.044 [+0.039, +0.049] | 1.1e-07 (1.1e-07) | 0.00391 | 8 | 0.007 | reproduced |
-| Dr.GRPO at G=2 gains over the SFT start | dr_grpo-G2-mean - 0.1575: +0.047 [+0.044, +0.050] | 3.42e-09 (6.85e-09) | 0.00391 | 8 | 0.004 | reproduced |
+| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| DAPO at G=2 gains over the SFT start | dapo-G2-mean - 0.1575: +0.044 [+0.039, +0.049] | 0 | 1.1e-07 (1.1e-07) | 0.00391 | 8 | 0.007 | 383ff97 (exploratory) | reproduced |
+| Dr.GRPO at G=2 gains over the SFT start | dr_grpo-G2-mean - 0.1575: +0.047 [+0.044, +0.050] | 0 | 3.42e-09 (6.85e-09) | 0.00391 | 8 | 0.004 | 383ff97 (exploratory) | reproduced |
 
 Gate passed: every base learns at G=2.
 
-| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
-| --- | --- | --- | --- | --- | --- | --- |
-| over DAPO, the median beats the mean baseline at G=2 | dapo-G2-median: -0.001 [-0.007, +0.005] | 0.646 (1) | 0.655 | 8 vs 8 | 0.008 | inconclusive |
-| over Dr.GRPO, the median beats the mean baseline at G=2 | dr_grpo-G2-median: -0.000 [-0.005, +0.004] | 0.54 (1) | 0.537 | 8 vs 8 | 0.006 | inconclusive |
+| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| over DAPO, the median beats the mean baseline at G=2 | dapo-G2-median: -0.001 [-0.007, +0.005] | 0.0125 | 0.646 (1) | 0.655 | 8 vs 8 | 0.008 | 383ff97 (exploratory) | not reproduced |
+| over Dr.GRPO, the median beats the mean baseline at G=2 | dr_grpo-G2-median: -0.000 [-0.005, +0.004] | 0.0125 | 0.54 (1) | 0.537 | 8 vs 8 | 0.006 | 383ff97 (exploratory) | not reproduced |
 
 Statistics: Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.00533; minimum detectable effect (80% power) 0.00612-0.00803.
 
-Rules (`experiments/harness.py`): a directional claim is reproduced when its Holm-adjusted one-sided p is <= 0.05 and its 95% interval lies beyond the margin (0), not reproduced when the interval lies on the other side of the margin, inconclusive otherwise; an equivalence claim (margin 0.01) is reproduced when TOST rejects (Holm-adjusted), not reproduced when its 90% interval lies wholly outside the margin, inconclusive otherwise. The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD.
+Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05, its 95% interval lies beyond the threshold and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome); an equivalence claim (margin 0.01) is *reproduced* when TOST rejects (Holm-adjusted), *not reproduced* when its 90% interval lies wholly outside the margin, *inconclusive* otherwise. A holding no-gain or equivalence claim whose difference is significantly non-zero says so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline.
 
 | claim (paper) | ours: a - b [interval] | z | p | rollouts | verdict |
 | --- | --- | --- | --- | --- | --- |
@@ -153,6 +153,7 @@ class Sizes:
   graded table and the 0/1 secondary), ~14 for the four arms over other bases: ~50 minutes."""
 
   seeds: int = 8
+  seed_offset: int = 0  # the first seed (a replication runs seeds the table did not use)
   steps: int = 100
   eval_every: int = 20
   window: int = 3
@@ -250,7 +251,8 @@ def base_claims(sz: Sizes) -> list[harness.Claim]:
   for b in sz.bases:
     out.append(harness.Claim(f"median_beats_mean_over_{b}", f"over {BASE_LABELS[b]}, the median "
                              f"beats the mean baseline at G={g0}", METRIC,
-                             (f"{b}-G{g0}-median", f"{b}-G{g0}-mean"), family="mc_grpo_bases"))
+                             (f"{b}-G{g0}-median", f"{b}-G{g0}-mean"), family="mc_grpo_bases",
+                             sesoi=sz.min_effect))
   return out
 
 
@@ -274,13 +276,15 @@ def claims(sz: Sizes, prefix: str = "") -> list[harness.Claim]:
                     fam),
       harness.Claim("median_beats_mean_small_g" + tag,
                     f"median beats the mean baseline at G={g0}", METRIC,
-                    (a(f"G{g0}-median"), a(f"G{g0}-mean")), family=fam),
+                    (a(f"G{g0}-median"), a(f"G{g0}-mean")), family=fam, sesoi=sz.min_effect),
       harness.Claim("median_beats_random_drop_small_g" + tag,
                     f"median beats the unbiased same-compute control at G={g0}", METRIC,
-                    (a(f"G{g0}-median"), a(f"G{g0}-mean_random")), family=fam),
+                    (a(f"G{g0}-median"), a(f"G{g0}-mean_random")), family=fam,
+                    sesoi=sz.min_effect),
       harness.Claim("median_beats_min_abs_drop_small_g" + tag,
                     f"median beats the official same-compute ablation at G={g0}", METRIC,
-                    (a(f"G{g0}-median"), a(f"G{g0}-mean_drop")), family=fam),
+                    (a(f"G{g0}-median"), a(f"G{g0}-mean_drop")), family=fam,
+                    sesoi=sz.min_effect),
   ]
 
 
@@ -385,7 +389,7 @@ def units(config: dict) -> dict:
                  for name, (g, bl) in arm_names(sz, BINARY).items()})
   cfgs.update({name: arm_config(base, sz.small_g, bl, kl_coef=0.0, rescale=True, recipe=b)
                for name, (b, bl) in base_arm_names(sz).items()})
-  out = rl_seeds.arm_units(cfgs, list(range(sz.seeds)))
+  out = rl_seeds.arm_units(cfgs, list(range(sz.seed_offset, sz.seed_offset + sz.seeds)))
   small = cfgs[f"G{sz.small_g}-mean"]
   out["sign_flips"] = harness.Unit(
       {"sign_flips": small, "sizes": config, "design": "fresh groups"},
@@ -698,9 +702,16 @@ def plot(report: dict, out_dir: str) -> list[str]:
   return [os.path.join(out_dir, f) for f in ("learning_curves.png", "sign_flips.png")]
 
 
+def replicate(config: dict, seeds: int, seed_offset: int) -> dict:
+  """The primary (graded-reward) table's arms at fresh seeds; the exploratory 0/1 and other-base
+  tables are left out."""
+  return dict(config, seeds=seeds, seed_offset=seed_offset, binary_secondary=False, bases=[])
+
+
 EXPERIMENT = harness.Experiment(name="mc_grpo", get_config=get_config, units=units,
                                 summarize=summarize, render=render, plot=plot, collect=collect,
-                                module="experiments.mc_grpo", full=from_full_runs)
+                                module="experiments.mc_grpo", full=from_full_runs,
+                                replicate=replicate)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ Families (Holm-adjusted together):
   above ``SKILL_GATE`` (one-sample t), one test per system: whether a model predicts its own
   errors says little about the paper when it is no better than predicting no change.
 * ``sanity@<system>``: that an oracle ranking (by the true error) meets each selective-prediction
-  rule: a rule an oracle cannot meet is no test of C_i (statistics.md, point 6). The OOD rules get
+  rule: a rule an oracle cannot meet is no test of C_i, and the claim is *not testable* on that
+  system (experiments/STATISTICS.md, protocol v2 point 4). The OOD rules get
   a reference check instead, the true error E_i as the OOD score: how visible the shift is in the
   error itself. It bounds nothing (C_i may detect the shift better than E_i), so a failed
   reference does not void an OOD verdict; a failed oracle check is listed under the verdicts.
@@ -340,7 +341,9 @@ def judge(per_seed: Mapping[str, list[dict]], roles: Mapping[str, str]) -> dict:
         failed.append(v.claim.arms[0])
   table = []
   for pc in CLAIMS:
-    systems = {s: every(parts[(pc.id, s)]) for s in per_seed if (pc.id, s) in parts}
+    # A rule the oracle ranking cannot meet on a system tests nothing about C_i there.
+    systems = {s: (harness.NOT_TESTABLE if s in oracle_fails.get(pc.id, [])
+                   else every(parts[(pc.id, s)])) for s in per_seed if (pc.id, s) in parts}
     votes = [systems[s] for s in deciding if s in systems]
     table.append({"id": pc.id, "paper": pc.paper, "control": pc.control, "systems": systems,
                   "oracle_fails": oracle_fails.get(pc.id, []),

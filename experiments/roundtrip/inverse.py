@@ -37,15 +37,15 @@ Outputs in ``--out`` (default ``results/roundtrip_inverse``): ``table.md``, ``re
 
 Results on this CPU (generated from results/roundtrip_inverse/table.md; do not edit by hand):
 
-`python scripts/reproduce.py roundtrip_inverse`: 8 seeds (the project's floor; not from power) (model initialisation and training noise); kdv1d, the round-trip table's bidirectional model (1000 steps at batch 64, 4 Euler sampler steps per physical step); 16 test trajectories, recover x_0 from the true x_d at depths 1, 4; Adam from x := x_d at learning rates 0.01, 0.03, 0.1, the best per seed and depth; 16.8 min on x86_64, 2 CPU cores, jax 0.10.2 on cpu. Minimum detectable effect: 0.18. Cells: mean [95% t interval over seeds].
+`python scripts/reproduce.py roundtrip_inverse`: 8 seeds (the project's floor; not from power) (model initialisation and training noise); kdv1d, the round-trip table's bidirectional model (1000 steps at batch 64, 4 Euler sampler steps per physical step); 16 test trajectories, recover x_0 from the true x_d at depths 1, 4; Adam from x := x_d at learning rates 0.01, 0.03, 0.1, the best per seed and depth; 16.8 min on x86_64 (CPU model not recorded), 2 CPU cores, jax 0.10.2 on cpu. Minimum detectable effect: 0.18. Cells: mean [95% t interval over seeds].
 
 ## Paper claims
 
 Pre-declared metric: per seed, the worst depth's log(optimised error after 30 Adam steps at the best learning rate / backward error); one-sample t interval and one-sided t test against 0. Intervals exclude problem-sampling error: every seed solves the same inverse problems.
 
-| claim (paper) | ours: a - b [interval] | p (Holm) | permutation p | seeds | min. detectable | verdict |
-| --- | --- | --- | --- | --- | --- | --- |
-| the backward direction doubles as a fast inverse solver: direct optimisation through the forward rollout, given 30 Adam steps (about 90 rollouts of network work) at its best learning rate, ends further from x_0 than one backward rollout (worst depth, log error ratio above 0) | kdv1d - 0: +2.600 [+2.458, +2.741] | 4.4e-10 (4.4e-10) | 0.00391 | 8 | 0.180 | reproduced |
+| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| the backward direction doubles as a fast inverse solver: direct optimisation through the forward rollout, given 30 Adam steps (about 90 rollouts of network work) at its best learning rate, ends further from x_0 than one backward rollout (worst depth, log error ratio above 0) | kdv1d - 0: +2.600 [+2.458, +2.741] | 0 | 4.4e-10 (4.4e-10) | 0.00391 | 8 | 0.180 | 5c0dd2e | reproduced |
 
 Statistics: paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.169; minimum detectable effect (80% power) 0.18-0.18.
 

@@ -150,9 +150,7 @@ def system_section(name: str, info: dict, s: dict, coverage: float) -> str:
 def _run_line(report: dict) -> str:
   cfg, mach = report["config"], report["machine"]
   roles = {n: s["role"] for n, s in report["data"]["systems"].items()}
-  hardware = mach.get("hardware") or (f"{mach.get('processor')}, {mach.get('cpus')} CPU cores, "
-                                      f"jax {mach.get('versions', {}).get('jax')} on "
-                                      f"{mach.get('platform')}")
+  hardware = mach.get("hardware") or harness.machine_text(dict(mach, recorded=None))
   if mach.get("recorded") is False:
     hardware += ", as the pre-harness run recorded it"
   systems = report["data"]["systems"]

@@ -324,6 +324,84 @@ def tost(a, b, margin: float, level: float = 0.95, paired: bool = False
   return max(p_lower, p_upper), float(lo), float(hi)
 
 
+# ----------------------------------------------------------------------------- outcomes (v2)
+
+OUTCOMES = ("reproduced", "trivial", "not reproduced", "inconclusive")
+
+
+def outcome(lo: float, hi: float, p: float, p_equivalent: float = float("nan"),
+            alpha: float = 0.05) -> str:
+  """The outcome of a directional claim (protocol v2, experiments/STATISTICS.md point 4).
+
+  ``lo, hi``: the two-sided (1 - alpha) interval of d, the difference beyond the threshold signed
+  in the claimed direction; ``p``: the (Holm-adjusted) one-sided p of H0: d <= 0;
+  ``p_equivalent``: the TOST p of |d| < SESOI (NaN without a SESOI). Different from 0 means
+  ``lo > 0`` and ``p <= alpha``; equivalent to 0 means ``p_equivalent <= alpha``:
+
+  * "reproduced": different and not equivalent;
+  * "trivial": different and equivalent (real, too small to matter);
+  * "not reproduced": equivalent and not different, or the interval wholly below 0;
+  * "inconclusive": none of these.
+  """
+  different = lo > 0 and p <= alpha
+  equivalent = p_equivalent <= alpha  # False for NaN
+  if different:
+    return "trivial" if equivalent else "reproduced"
+  if equivalent or hi < 0:
+    return "not reproduced"
+  return "inconclusive"
+
+
+def classify(a, b, sesoi: float, *, alternative: str = "greater", paired: bool = False,
+             level: float = 0.95, holm_factor: float = 1.0) -> str:
+  """The v2 outcome of the claim "mean(a) - mean(b) is > 0" (``alternative="greater"``; "less"
+  for < 0) from per-seed values: Welch (or paired t) interval and one-sided test, its p multiplied
+  by ``holm_factor`` (the Holm step's factor in the claim's family, capped at 1), and TOST against
+  +-``sesoi`` (``sesoi`` 0: no equivalence test, so no "trivial").
+  """
+  a, b = _pair(a, b, paired)
+  alternative = _choice(alternative, "alternative", ("greater", "less"))
+  level = _fraction(level, "level", 0.5, 1.0)
+  if not sesoi >= 0:
+    raise ValueError(f"sesoi must be >= 0, got {sesoi}")
+  d, lo, hi = diff_interval(a, b, level=level, paired=paired, method="t" if paired else "welch")
+  if alternative == "less":
+    lo, hi = -hi, -lo
+  p = min(1.0, t_test(a, b, paired=paired, alternative=alternative) * holm_factor)
+  p_eq = tost(a, b, sesoi, level=level, paired=paired)[0] if sesoi > 0 else float("nan")
+  return outcome(lo, hi, p, p_eq, 1.0 - level)
+
+
+def diff_of_diffs(a1, b1, a2, b2, level: float = 0.95, paired: bool = False
+                  ) -> tuple[float, float, float, float]:
+  """``(dd, lo, hi, p)``: dd = (mean(a1) - mean(b1)) - (mean(a2) - mean(b2)), the change of one
+  difference between two independent runs (a committed table and its replication), with its
+  Welch-Satterthwaite t interval at ``level`` and two-sided p of H0: dd = 0.
+
+  Unpaired: the four means are independent, se^2 = sum of v/n over the four samples and
+  nu = (sum v/n)^2 / sum((v/n)^2 / (n - 1)) (terms of zero variance, e.g. a constant centre,
+  drop out). Paired: the per-seed differences a_i - b_i of each run, Welch between the runs.
+  """
+  level = _fraction(level, "level")
+  if paired:
+    x1, y1 = _pair(a1, b1, True)
+    x2, y2 = _pair(a2, b2, True)
+    groups = [x1 - y1, x2 - y2]
+    signs = [1.0, -1.0]
+  else:
+    groups = [_sample(x, name) for x, name in ((a1, "a1"), (b1, "b1"), (a2, "a2"), (b2, "b2"))]
+    signs = [1.0, -1.0, -1.0, 1.0]
+  dd = float(sum(s * np.mean(g) for s, g in zip(signs, groups)))
+  q = np.array([np.var(g, ddof=1) / g.size for g in groups])
+  dfs = np.array([g.size - 1 for g in groups], np.float64)
+  se = float(np.sqrt(q.sum()))
+  if se == 0:
+    return dd, dd, dd, (1.0 if dd == 0 else 0.0)
+  nu = float(q.sum() ** 2 / np.sum(q[q > 0] ** 2 / dfs[q > 0]))
+  lo, hi = t_interval(dd, se, nu, level)
+  return dd, float(lo), float(hi), _t_p(dd / se, nu, "two-sided")
+
+
 # ----------------------------------------------------------------------------- power
 
 

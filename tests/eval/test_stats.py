@@ -277,3 +277,47 @@ def test_bad_options_rejected():
     stats.mean_interval(A, level=95)
   with pytest.raises(ValueError, match="n_resamples must be an integer >= 1"):
     stats.permutation_test(A, B, n_resamples=0)
+
+
+def test_classify_four_outcomes_by_hand():
+  hi, lo = [1.0, 1.1, 0.9, 1.05], [0.0, 0.1, -0.1, 0.05]
+  small = [0.004, 0.005, 0.006, 0.005, 0.0045, 0.0055]
+  zero = [0.0, 0.0005, -0.0005, 0.0, 0.0002, -0.0002]
+  near0 = [-0.002, 0.003, 0.0, 0.001, -0.001, 0.002]
+  wide = [0.05, -0.04, 0.06, -0.03, 0.02, -0.01]
+  assert stats.classify(hi, lo, 0.01) == "reproduced"
+  assert stats.classify(small, zero, 0.01) == "trivial"
+  assert stats.classify(small, zero, 0.0) == "reproduced"
+  assert stats.classify(near0, zero, 0.01) == "not reproduced"
+  assert stats.classify(wide, zero, 0.01) == "inconclusive"
+  assert stats.classify(lo, hi, 0.01) == "not reproduced"
+  assert stats.classify(zero, small, 0.01, alternative="less") == "trivial"
+  # The Holm factor can take a claim from different-from-0 to inconclusive.
+  p = stats.t_test(small, zero, alternative="greater")
+  assert stats.classify(small, zero, 0.0, holm_factor=0.06 / p) == "inconclusive"
+  assert stats.outcome(0.1, 0.2, 0.01) == "reproduced"
+  assert stats.outcome(-0.3, -0.1, 0.99) == "not reproduced"
+
+
+def test_diff_of_diffs_by_hand_and_against_welch():
+  a1, b1 = np.array([1.0, 1.2, 0.9, 1.1]), np.array([0.1, 0.0, 0.2])
+  a2, b2 = np.array([0.5, 0.7, 0.4, 0.6, 0.55]), np.array([0.0, 0.1, -0.1])
+  dd, lo, hi, p = stats.diff_of_diffs(a1, b1, a2, b2)
+  q = [np.var(x, ddof=1) / x.size for x in (a1, b1, a2, b2)]
+  nu = sum(q) ** 2 / sum(qi ** 2 / (x.size - 1) for qi, x in zip(q, (a1, b1, a2, b2)))
+  want = (a1.mean() - b1.mean()) - (a2.mean() - b2.mean())
+  half = sps.t.ppf(0.975, nu) * np.sqrt(sum(q))
+  assert dd == pytest.approx(want) and (lo, hi) == pytest.approx((want - half, want + half))
+  assert p == pytest.approx(2 * sps.t.sf(abs(want) / np.sqrt(sum(q)), nu))
+  # With constant b's (a one-sample claim's centre) it is Welch's test of a1 against a2.
+  c = np.full(3, 0.5)
+  _, _, _, p = stats.diff_of_diffs(a1, c, a2, c)
+  assert p == pytest.approx(sps.ttest_ind(a1, a2, equal_var=False).pvalue)
+  # Paired: Welch between the runs' per-seed differences.
+  x1, y1, x2, y2 = a1, a1 - 0.5, a2[:4], a2[:4] - 0.1
+  _, _, _, p = stats.diff_of_diffs(x1, y1, x2, y2, paired=True)
+  assert p == 0.0  # no spread in either run's differences and a change of 0.4
+  y2 = a2[:4] - np.array([0.1, 0.2, 0.0, 0.1])
+  _, _, _, p = stats.diff_of_diffs(x1, x1 - [0.5, 0.4, 0.6, 0.5], x2, y2, paired=True)
+  assert p == pytest.approx(sps.ttest_ind([0.5, 0.4, 0.6, 0.5], [0.1, 0.2, 0.0, 0.1],
+                                                  equal_var=False).pvalue)

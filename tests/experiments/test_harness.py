@@ -271,3 +271,158 @@ def test_results_record_the_machine_and_each_unit(tmp_path):
     assert prov["code"] and prov["cpu_model"] == m["cpu_model"] and "commit" in prov
   assert report["testbeds"] == []
   assert m["cpu_model"] in harness.machine_text(m)
+
+
+# ------------------------------------------------------------------ protocol v2: five outcomes
+SMALL = [0.004, 0.005, 0.006, 0.005, 0.0045, 0.0055]  # +0.005 with a tight spread
+ZERO = [0.0, 0.0005, -0.0005, 0.0, 0.0002, -0.0002]
+NEAR0 = [-0.002, 0.003, 0.0, 0.001, -0.001, 0.002]  # +0.0005, tight around 0
+WIDE = [0.05, -0.04, 0.06, -0.03, 0.02, -0.01]  # +0.0083, wide
+
+
+def test_four_outcomes_of_a_directional_claim_by_hand():
+  # Different from 0 and not shown smaller than the SESOI: reproduced.
+  (v,) = judge([claim(sesoi=0.01)], HI, LO)
+  assert v.verdict == "reproduced" and v.p_equivalent > 0.05
+  assert judge([claim()], HI, LO)[0].p_equivalent is None  # no SESOI, no equivalence test
+  # Different from 0, but its 90% interval lies inside +-0.01: trivial.
+  (v,) = judge([claim(sesoi=0.01)], SMALL, ZERO)
+  _, lo90, hi90 = stats.tost(SMALL, ZERO, 0.01)
+  assert v.lo > 0 and v.p_holm <= 0.05 and -0.01 < lo90 and hi90 < 0.01
+  assert v.verdict == "trivial"
+  assert judge([claim()], SMALL, ZERO)[0].verdict == "reproduced"  # SESOI 0: no trivial outcome
+  # Not different from 0 and equivalent to it within +-0.01: not reproduced.
+  (v,) = judge([claim(sesoi=0.01)], NEAR0, ZERO)
+  assert v.lo < 0 < v.hi and v.p_equivalent <= 0.05 and v.verdict == "not reproduced"
+  # Neither: inconclusive.
+  (v,) = judge([claim(sesoi=0.01)], WIDE, ZERO)
+  assert v.lo < 0 < v.hi and v.p_equivalent > 0.05 and v.verdict == "inconclusive"
+  # Wholly on the wrong side: not reproduced, whatever the SESOI.
+  assert judge([claim(sesoi=0.01)], LO, HI)[0].verdict == "not reproduced"
+  # "less" mirrors "greater".
+  assert judge([claim(direction="less", sesoi=0.01)], ZERO, SMALL)[0].verdict == "trivial"
+
+
+def test_no_gain_claims_are_one_sided_against_the_sesoi():
+  def no_gain(**kw):
+    return claim(text="no gain", direction="not_greater", **kw)
+
+  # An upper bound below +SESOI: reproduced (a bounded null), with its p from the one-sided test.
+  (v,) = judge([no_gain(sesoi=0.01)], NEAR0, ZERO)
+  assert v.verdict == "reproduced" and v.note == ""
+  assert v.p == pytest.approx(stats.t_test(np.array(NEAR0) - 0.01, ZERO, alternative="less"))
+  # A clear gain: not reproduced.
+  assert judge([no_gain(sesoi=0.01)], HI, LO)[0].verdict == "not reproduced"
+  # Too noisy to bound: inconclusive.
+  assert judge([no_gain(sesoi=0.01)], WIDE, ZERO)[0].verdict == "inconclusive"
+  # Holds, but the arm is significantly worse: said beside the verdict.
+  (v,) = judge([no_gain(sesoi=0.01)], ZERO, SMALL)
+  assert v.verdict == "reproduced" and "significantly below 0" in v.note
+  row = harness.verdict_rows([v])[-1]
+  assert row.endswith("| reproduced; " + v.note + " |")
+  with pytest.raises(ValueError, match="sesoi must be"):
+    no_gain(sesoi=0.0)
+
+
+def test_equivalence_that_holds_while_significantly_lower_says_so():
+  a = [0.145, 0.143, 0.144, 0.142, 0.146, 0.144, 0.143, 0.145]
+  b = [0.149, 0.150, 0.148, 0.151, 0.149, 0.150, 0.148, 0.149]
+  (v,) = judge([claim(direction="equivalent", margin=0.01)], a, b)
+  assert v.verdict == "reproduced"
+  assert v.note.startswith("but a - b is significantly below 0 (95% interval [-0.00")
+  (v,) = judge([claim(direction="equivalent", margin=0.05)],
+               [0.50, 0.51, 0.49, 0.50, 0.505], [0.50, 0.49, 0.51, 0.495, 0.50])
+  assert v.verdict == "reproduced" and v.note == ""
+
+
+def test_rows_and_rules_show_sesoi_and_declaring_commit():
+  (v,) = judge([claim(sesoi=0.015, declared="abc1234", exploratory=True)], HI, LO)
+  row = harness.verdict_rows([v])[-1]
+  assert "| 0.015 |" in row and "| abc1234 (exploratory) |" in row
+  assert "*trivial*" in harness.rules_note([v]) and "STATISTICS.md" in harness.rules_note([v])
+  # Results judged before v2 (no sesoi, no declaring commit) still render.
+  old = v.to_json()
+  old["claim"].pop("sesoi"), old["claim"].pop("declared")
+  assert "| - |" in harness.verdict_rows([old])[-1]
+
+
+# ------------------------------------------------------------------ replication
+def _replicable(calls, shift_of=lambda offset: 1.0):
+  """The toy table with seeds from ``seed_offset`` and a replication hook; ``shift_of(offset)``
+  is arm b's true advantage in a run whose seeds start there."""
+  import dataclasses as dc
+
+  exp = _toy(calls)
+
+  def get_config(quick):
+    return {"seeds": 6, "shift": 1.0, "seed_offset": 0}
+
+  def unit(arm, seeds, shift, offset):
+    def run(progress):
+      calls.append(arm)
+      rng = np.random.default_rng([len(arm), offset])
+      return {"values": (rng.normal(size=seeds) * 0.3 + (shift if arm == "b" else 0.0)).tolist(),
+              "curve": np.zeros(3)}
+    return harness.Unit({"arm": arm, "seeds": seeds, "shift": shift, "offset": offset}, run)
+
+  def units(config):
+    off = config["seed_offset"]
+    return {arm: unit(arm, config["seeds"], shift_of(off), off) for arm in ("a", "b")}
+
+  def replicate(config, seeds, offset):
+    return dict(config, seeds=seeds, seed_offset=offset)
+
+  return dc.replace(exp, get_config=get_config, units=units, replicate=replicate)
+
+
+def test_replication_report_on_a_committed_table(tmp_path, capsys):
+  calls = []
+  exp = _replicable(calls)
+  committed = harness.run(exp, _args(tmp_path, quick=False))
+  (v,) = committed["summary"]["claims"]
+  assert v["verdict"] == "reproduced" and len(v["values"][0]) == 6
+  calls.clear()
+  out = harness.replicate(exp, str(tmp_path), seeds=4, seed_offset=100, no_progress=True)
+  assert sorted(calls) == ["a", "b"]  # only the replication's units ran
+  (row,) = out["rows"]
+  new = out["report"]["summary"]["claims"][0]
+  assert len(new["values"][0]) == 4 and new["values"] != v["values"]
+  dd, lo, hi, p = stats.diff_of_diffs(*v["values"], *new["values"])
+  assert row["change"] == {"diff": dd, "lo": lo, "hi": hi, "p": p}
+  assert row["same_verdict"] and row["agree"] == (p > 0.05)
+  text = (tmp_path / "replication.md").read_text()
+  assert text in capsys.readouterr().out  # printed as written
+  assert "4 fresh seeds (from 100; the committed table used 6 seeds from 0)" in text
+  assert f"{int(row['agree'])} of 1 claims agree" in text
+  assert (tmp_path / "replication" / "results.json").exists()
+  committed_json = (tmp_path / "results.json").read_text()
+  # Seeds the table used are refused before anything runs; the committed files are untouched.
+  with pytest.raises(ValueError, match=r"seeds 3-6 overlap the committed table's 0-5"):
+    harness.replicate(exp, str(tmp_path), seeds=4, seed_offset=3)
+  assert (tmp_path / "results.json").read_text() == committed_json
+
+
+def test_replication_flags_a_changed_effect(tmp_path):
+  exp = _replicable([], shift_of=lambda offset: 1.0 if offset == 0 else -1.0)
+  harness.run(exp, _args(tmp_path, quick=False))
+  out = harness.replicate(exp, str(tmp_path), seeds=6, seed_offset=50, no_progress=True)
+  (row,) = out["rows"]
+  assert row["new"]["verdict"] == "not reproduced" and not row["agree"]
+  assert row["change"]["p"] < 0.001 and row["change"]["diff"] == pytest.approx(
+      row["committed"]["diff"] - row["new"]["diff"])
+  assert "0 of 1 claims agree" in (tmp_path / "replication.md").read_text()
+
+
+def test_verdicts_near_their_threshold_say_so():
+  base = np.array([-0.01, 0.01, -0.005, 0.005, 0.0, 0.002])
+  _, lo, _ = stats.mean_interval(base)
+  a = base - lo + 0.0005  # lower 95% bound at +0.0005: reproduced, barely
+  one = dict(arms=("a",), text="a above 0")
+  (v,) = harness.judge_family([claim(**one)], {"m": {"a": a}})
+  assert v.verdict == "reproduced" and v.lo == pytest.approx(0.0005)
+  assert v.note == (f"near its threshold (the deciding bound is 0.000 from it, under half the "
+                    f"minimum detectable effect {v.mde:.3f})") and v.mde > 0.001
+  (v,) = harness.judge_family([claim(**one)], {"m": {"a": a + 0.05}})
+  assert v.verdict == "reproduced" and v.note == ""  # far from it
+  (v,) = judge([claim()], HI, LO)
+  assert v.note == ""

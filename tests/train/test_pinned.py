@@ -84,3 +84,20 @@ def test_a_run_starts_from_the_pinned_policy_without_sft(tmp_path):
       np.concatenate([np.ravel(x) for x in jax.tree.leaves(start)]))
   cache = tmp_path / "cache"
   assert not cache.exists() or not [n for n in os.listdir(cache) if n.startswith("sft-")]
+
+
+def test_testbed_command_verifies_the_committed_start():
+  import subprocess
+  import sys
+
+  from experiments import testbeds
+
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  out = subprocess.run([sys.executable, "scripts/testbed.py", "verify"], cwd=root,
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr
+  for name, d in testbeds.PINNED.items():
+    assert f"{name}: experiments/testbeds/{name}-{d}.npz matches digest {d}" in out.stdout
+  bad = subprocess.run([sys.executable, "scripts/testbed.py", "build", "nope"], cwd=root,
+                       capture_output=True, text=True, timeout=600)
+  assert bad.returncode == 2 and bad.stderr.strip().startswith("error: no testbed 'nope'")
