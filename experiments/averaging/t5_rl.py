@@ -116,7 +116,8 @@ def run_seed(cfg: dict, progress) -> dict:
 
 def units(config: dict) -> dict:
   out = {}
-  for seed in range(config["seeds"]):
+  first = config.get("seed_offset", 0)
+  for seed in range(first, first + config["seeds"]):
     cfg = dict(config["rl"], seed=seed)
     out[f"s{seed}"] = harness.Unit(cfg, lambda progress, cfg=cfg: run_seed(cfg, progress),
                                    cfg["steps"])
@@ -250,6 +251,12 @@ def plot(report: dict, out_dir: str) -> list[str]:
   return [path]
 
 
+def replicate(config: dict, seeds: int, seed_offset: int) -> dict:
+  """The committed design at fresh seeds (its one arm trains the raw run and both averages)."""
+  return dict(config, seeds=seeds, seed_offset=seed_offset)
+
+
 EXPERIMENT = harness.Experiment(name="averaging_rl", get_config=get_config, units=units,
                                 summarize=summarize, render=render, plot=plot, collect=collect,
-                                module="experiments.averaging.t5_rl", readme=README)
+                                module="experiments.averaging.t5_rl", readme=README,
+                                replicate=replicate)

@@ -79,3 +79,23 @@ def test_gain_growth_is_a_per_seed_difference():
   growth = ace.per_seed(results, sz)[claim.metric]
   assert {n: [round(x, 9) for x in v] for n, v in growth.items()} == {
       "grpo": [0.2, 0.3], ace.MAIN: [0.3, 0.4]}
+
+
+def test_replication_design_runs_the_main_arms_at_fresh_seeds_from_the_pin():
+  from experiments import testbeds
+
+  committed = ace.get_config(False)
+  config = ace.EXPERIMENT.replicate(dict(committed, exploratory_alphas=[0.25]), 4, 1000)
+  units = ace.units(config)
+  assert set(units) == {"grpo", ace.main_arm(ace.sizes(False))}
+  for u in units.values():
+    assert u.spec["seeds"] == [1000, 1001, 1002, 1003]
+    assert u.spec["arm"]["init_params"] == testbeds.start("b23-sft")["init_params"]
+    assert u.spec["arm"]["sft_steps"] == 0
+  assert list(ace.units(committed).values())[0].spec["seeds"] == list(range(8))
+
+
+def test_replicate_flag_errors():
+  with pytest.raises(SystemExit) as e:
+    reproduce.main(["ace", "--replicate", "--quick"])
+  assert e.value.code == 2
