@@ -17,15 +17,15 @@ one of five outcomes (``OUTCOMES``), with d the difference a - b beyond the thre
 the claimed direction:
 
 * a directional claim ("a beats b"): the Welch interval of d and the one-sided Welch test of
-  H0: d <= 0. *reproduced* when the Holm-adjusted p is at most ``alpha`` and the interval lies above
-  0, and d is not equivalent to 0 within +-sesoi (TOST at ``alpha``: its 90% interval inside);
+  H0: d <= 0. *reproduced* when the Holm-adjusted p is at most ``alpha`` (different from 0) and d
+  is not equivalent to 0 within +-sesoi (TOST at ``alpha``: its 90% interval inside);
   *trivial* when it is different from 0 but equivalent to 0 (real, too small to matter);
   *not reproduced* when it is equivalent to 0 but not different from it, or its interval lies
   wholly below 0; *inconclusive* otherwise. With sesoi 0 nothing is equivalent to 0, so there is no
   *trivial* outcome (a threshold claim whose threshold is itself the effect of interest);
 * a non-superiority claim ("no gain", direction ``"not_greater"``): the one-sided test of
-  H0: d >= sesoi. *reproduced* when it rejects (Holm-adjusted); *not reproduced* when d is
-  significantly above 0 and not shown smaller than sesoi; *inconclusive* otherwise;
+  H0: d >= sesoi. *reproduced* when it rejects (Holm-adjusted); *not reproduced* when the 95%
+  interval lies wholly above +sesoi (a gain of at least the SESOI); *inconclusive* otherwise;
 * an equivalence claim ("within ``margin``"): TOST. *reproduced* when both one-sided tests reject
   at ``alpha`` (Holm-adjusted); *not reproduced* when its 90% interval lies wholly outside
   (-margin, +margin); *inconclusive* otherwise;
@@ -172,7 +172,7 @@ def _raw(claim: Claim, a: np.ndarray, b: np.ndarray, level: float, n_resamples: 
                 method=f"TOST ({t_name}), margin {claim.margin:g}")
   if claim.direction == "not_greater":
     p = stats.t_test(a - claim.sesoi, b, paired=paired, alternative="less")
-    p_perm = stats.permutation_test(a, b, paired=paired, alternative="less",
+    p_perm = stats.permutation_test(a - claim.sesoi, b, paired=paired, alternative="less",
                                     n_resamples=n_resamples)
     return dict(out, lo=lo95, hi=hi95, p=p, p_perm=p_perm,
                 method=f"{t_name} interval and one-sided {t_name} test against +sesoi")
@@ -202,7 +202,7 @@ def decide(claim: Claim, lo: float, hi: float, p_holm: float, alpha: float,
   if claim.direction == "not_greater":
     if p_holm <= alpha:
       return REPRODUCED
-    if lo > 0:
+    if lo > claim.sesoi:  # a gain of at least the SESOI
       return NOT_REPRODUCED
     return INCONCLUSIVE
   if claim.direction == "less":
@@ -212,16 +212,23 @@ def decide(claim: Claim, lo: float, hi: float, p_holm: float, alpha: float,
 
 
 def _decisive_distance(claim: Claim, verdict: str, r: Mapping) -> float:
-  """How far the bound that decided ``verdict`` lies from the threshold it was compared with
-  (NaN when no single bound decided it: inconclusive, or a bounded null)."""
-  m = claim.margin
+  """How far the bounds that decided ``verdict`` lie from the thresholds they were compared with,
+  the nearest of them (NaN for an inconclusive verdict). Directional claims are measured in the
+  claimed direction beyond their threshold: the one-sided bound (the 90% interval's end) against
+  0 for "different from 0", its ends against +-sesoi for "equivalent to 0", the 95% upper bound
+  against 0 for "wholly below"."""
+  m, s = claim.margin, claim.sesoi
   if claim.direction in ("greater", "less"):
     sign = 1.0 if claim.direction == "greater" else -1.0
-    lo, hi = sorted((sign * (r["lo95"] - sign * m), sign * (r["hi95"] - sign * m)))
-    if verdict in (REPRODUCED, TRIVIAL):
-      return lo
-    if verdict == NOT_REPRODUCED and hi < 0:
-      return -hi
+    lo90, hi90 = sorted((sign * r["lo90"] - m, sign * r["hi90"] - m))
+    hi95 = max(sign * r["lo95"], sign * r["hi95"]) - m
+    equiv = min(s - hi90, lo90 + s) if s > 0 else float("inf")
+    if verdict == REPRODUCED:
+      return min(lo90, -equiv if s > 0 else float("inf"))
+    if verdict == TRIVIAL:
+      return min(lo90, equiv)
+    if verdict == NOT_REPRODUCED:
+      return -hi95 if hi95 < 0 else equiv
     return float("nan")
   if claim.direction == "equivalent":
     if verdict == REPRODUCED:
@@ -230,9 +237,9 @@ def _decisive_distance(claim: Claim, verdict: str, r: Mapping) -> float:
       return max(r["lo90"] - m, -m - r["hi90"])
     return float("nan")
   if verdict == REPRODUCED:  # no gain: the one-sided upper bound below +sesoi
-    return claim.sesoi - r["hi90"]
+    return s - r["hi90"]
   if verdict == NOT_REPRODUCED:
-    return r["lo95"]
+    return r["lo95"] - s
   return float("nan")
 
 
@@ -400,7 +407,7 @@ def rules_note(verdicts: Sequence[Verdict | dict], level: float = 0.95) -> str:
   directional = [v["claim"] for v in vs if v["claim"]["direction"] in ("greater", "less")]
   if directional:
     out.append(f"a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= "
-               f"{alpha:.2g}, its {level:.0%} interval lies beyond the threshold and it is not "
+               f"{alpha:.2g} and it is not "
                "equivalent to the threshold within +-SESOI (TOST, "
                f"{1 - 2 * alpha:.0%} interval), *trivial* when it is significant but equivalent "
                "(too small to matter), *not reproduced* when it is equivalent but not "
@@ -410,7 +417,7 @@ def rules_note(verdicts: Sequence[Verdict | dict], level: float = 0.95) -> str:
   if any(v["claim"]["direction"] == "not_greater" for v in vs):
     out.append(f"a no-gain claim is *reproduced* when the one-sided test that a - b < +SESOI "
                f"rejects (Holm-adjusted), *not reproduced* when its {level:.0%} interval lies "
-               "above 0, *inconclusive* otherwise")
+               "wholly above +SESOI, *inconclusive* otherwise")
   equivalent = sorted({v["claim"]["margin"] for v in vs
                        if v["claim"]["direction"] == "equivalent"})
   if equivalent:
@@ -626,7 +633,8 @@ def _sources(path: str) -> list[str]:
 
 def code_version(unit: "Unit") -> str:
   """A digest of the source the unit runs: every ``.py`` file of the ``rlpost`` package, the file
-  defining ``unit.run`` and ``unit.code``, by content (paths relative to the repository)."""
+  defining ``unit.run`` and ``unit.code``, by their code (paths relative to the repository;
+  docstrings and comments left out, so regenerated docs do not invalidate a cache)."""
   import inspect
 
   files = _sources(os.path.join(_ROOT, "rlpost"))
@@ -639,9 +647,24 @@ def code_version(unit: "Unit") -> str:
   h = hashlib.sha256()
   for f in sorted(set(os.path.abspath(f) for f in files)):
     h.update(os.path.relpath(f, _ROOT).encode() + b"\0")
-    with open(f, "rb") as fh:
-      h.update(hashlib.sha256(fh.read()).digest())
+    h.update(hashlib.sha256(_code_text(f).encode()).digest())
   return h.hexdigest()[:16]
+
+
+def _code_text(path: str) -> str:
+  """A source file as its syntax tree without docstrings (comments and layout do not reach the
+  tree): what the code does, not the results blocks that docsync writes into docstrings."""
+  import ast
+
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), filename=path)
+  for node in ast.walk(tree):
+    body = getattr(node, "body", None)
+    if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)):
+      node.body = body[1:] or [ast.Pass()]
+  return ast.dump(tree)
 
 
 def unit_key(unit: "Unit") -> dict:
@@ -674,8 +697,10 @@ class MixedStarts(ValueError):
 
 # RLConfig keys that decide a step-0 evaluation besides the start: arms that agree on these (and on
 # the start) must report the same step-0 evaluation.
-_EVAL_KEYS = ("task", "task_spec", "num_test", "data_seed", "graded_reward", "prompt_template",
-              "eval_problems", "eval_samples", "eval_temperature", "max_new_tokens", "model")
+_EVAL_KEYS = ("task", "task_spec", "num_train", "num_test", "data_seed", "graded_reward",
+              "prompt_template", "max_prompt_tokens", "eval_problems", "eval_samples",
+              "temperature", "top_p", "max_new_tokens", "model", "model_seed", "sft_steps",
+              "sft_lr", "sft_batch_size", "policy")
 
 
 def _arm_starts(tree, path: str = "") -> dict:
@@ -1221,14 +1246,16 @@ def replication_markdown(name: str, committed: Mapping, new: Mapping, rows: list
            "between the runs (Welch-Satterthwaite over both runs' seeds, two-sided) not "
            "significant at 0.05.", "",
            "| claim | committed a - b [95%] | verdict | replication a - b [95%] | verdict | "
-           "change [95%] | p | agree |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "committed - replication [95%] | p | agree |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
   for r in rows:
     c, n, ch = r["committed"], r["new"], r["change"]
     change = ("-", "-") if ch is None else (iv(ch), f"{ch['p']:.3g}")
     lines.append(f"| {r['text']} | {iv(c)} | {c['verdict']} | {iv(n)} | {n['verdict']} | "
                  f"{change[0]} | {change[1]} | {'yes' if r['agree'] else 'no'} |")
-  lines += ["", "Intervals of equivalence claims are their 90% TOST intervals; the change is "
-            "the replication's a - b minus the committed one, negated (committed - new)."]
+  lines += ["", "Intervals of equivalence claims are their 90% TOST intervals. Both runs use "
+            "the same fixed test problems and evaluation key, so the test compares training "
+            "seeds only."]
   return "\n".join(lines) + "\n"
 
 
@@ -1255,6 +1282,14 @@ def replicate(exp: Experiment, out_dir: str, *, seeds: int | None = None,
                      "seeds the table did not use")
   config = exp.replicate(old, seeds, seed_offset)
   units = exp.units(config)
+  beds, committed_beds = testbeds_in([u.spec for u in units.values()]), committed.get("testbeds")
+  if not committed_beds or beds != committed_beds:
+    raise ValueError(
+        f"{os.path.join(out_dir, 'results.json')} started from "
+        f"{'testbeds ' + ', '.join(committed_beds) if committed_beds else 'an unpinned start'}, "
+        f"the replication would start from {', '.join(beds) or 'an unpinned start'}: a "
+        f"replication compares seeds, not starts; rerun the table from its pinned testbed "
+        f"first (python scripts/reproduce.py {exp.name})")
   rep_dir = os.path.join(out_dir, "replication")
   os.makedirs(rep_dir, exist_ok=True)
   results, secs, ran, provenance = run_units(units, os.path.join(rep_dir, "cache"),
@@ -1266,15 +1301,28 @@ def replicate(exp: Experiment, out_dir: str, *, seeds: int | None = None,
           f"--seed-offset {seed_offset}")
   report = {"experiment": exp.name, "command": line, "config": config, "machine": machine(),
             "seconds": secs.pop("_total"), "unit_seconds": sum(secs.values()), "units_run": ran,
-            "units": provenance, "testbeds": testbeds_in([u.spec for u in units.values()]),
-            "data": data, "replication_of": {"commit": committed.get("machine", {}).get("commit"),
-                                             "seeds": n0, "seed_offset": o0}}
-  check_same_start(data)
+            "units": provenance, "testbeds": beds, "data": data,
+            "replication_of": {"commit": committed.get("machine", {}).get("commit"),
+                               "seeds": n0, "seed_offset": o0}}
+  return _write_replication(exp, committed, report, out_dir)
+
+
+def rejudge_replication(exp: Experiment, out_dir: str) -> dict:
+  """Re-judge the committed table and its replication (``out_dir/replication/results.json``) with
+  the current statistics and rewrite ``replication.md`` (no training)."""
+  committed = read_report(exp, out_dir)
+  report = read_report(exp, os.path.join(out_dir, "replication"))
+  committed = jsonable(dict(committed, summary=declare(exp.name, exp.summarize(committed))))
+  return _write_replication(exp, committed, report, out_dir)
+
+
+def _write_replication(exp: Experiment, committed: dict, report: dict, out_dir: str) -> dict:
+  check_same_start(report["data"])
   report = jsonable(dict(report, summary=exp.summarize(report)))
   declare(exp.name, report["summary"])
-  write_json(os.path.join(rep_dir, "results.json"), report)
+  write_json(os.path.join(out_dir, "replication", "results.json"), report)
   rows = compare(committed.get("summary", {}), report["summary"])
-  text = replication_markdown(exp.name, committed, report, rows, line)
+  text = replication_markdown(exp.name, committed, report, rows, report["command"])
   _write_text(os.path.join(out_dir, "replication.md"), text)
   print(text)
   return {"report": report, "rows": rows}

@@ -66,7 +66,8 @@ def main(argv=None):
                        "compare, claim by claim, with the committed results in --out "
                        "(writes --out/replication.md and --out/replication/)")
   ap.add_argument("--seed-offset", type=int, default=1000,
-                  help="with --replicate: the first fresh seed (default 1000)")
+                  help="with --replicate: the first fresh seed (default 1000); --replicate "
+                       "--rejudge re-judges an existing replication without training")
   ap.add_argument("--rejudge", action="store_true",
                   help="re-judge the claims of the results already in --out (no training), "
                        "then rewrite table.md, the plots and the docs")
@@ -111,10 +112,15 @@ def _main(ap, args):
     raise NotADirectoryError(f"--out {args.out} is a file; it must be a directory (or not exist)")
   sync = default_out and not args.quick
   if args.replicate:
-    if args.quick or args.rejudge:
-      ap.error("--replicate compares with the committed full run: not with --quick or --rejudge")
+    if args.quick:
+      ap.error("--replicate compares with the committed full run: not with --quick")
     if not os.path.exists(os.path.join(args.out, "results.json")):
       raise FileNotFoundError(f"--replicate: no committed results.json in {args.out}")
+    if args.rejudge:  # re-judge an existing replication, no training
+      if not os.path.exists(os.path.join(args.out, "replication", "results.json")):
+        raise FileNotFoundError(f"--replicate --rejudge: no replication/results.json in "
+                                f"{args.out}")
+      return harness.rejudge_replication(exp, args.out)
     return harness.replicate(exp, args.out, seeds=args.seeds, seed_offset=args.seed_offset,
                              no_progress=args.no_progress)
   if args.rejudge:

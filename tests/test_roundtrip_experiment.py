@@ -287,3 +287,23 @@ def test_header_with_seeds_from_power_and_a_capped_system(quick_run, tmp_path):
              for c in failed)
   if failed:
     assert "Oracle check not passed" in table
+
+
+def test_a_rule_the_oracle_cannot_meet_is_not_testable(tmp_path):
+  """selective_cut's 15% rule: the oracle ranking's own cut is not shown above 0.15 on any
+  system, so the claim is "not testable" there, whatever C_i's cut; a rule the oracle meets
+  (selective_per_depth) keeps C_i's verdict."""
+  shutil.copy(os.path.join(ROOT, "results", "roundtrip", "results.json"), tmp_path)
+  s = harness.rejudge(exp.EXPERIMENT, str(tmp_path))["summary"]
+  by_id = {c["id"]: c for c in s["claims"]}
+  oracle = {v["claim"]["arms"][0]: v for fam, vs in s["verdicts"].items()
+            if fam.startswith("sanity@") for v in vs
+            if v["claim"]["id"].startswith("selective_cut.oracle")}
+  assert set(by_id["selective_cut"]["oracle_fails"]) == set(oracle) == {"kdv1d", "ks1d"}
+  for system, v in oracle.items():
+    assert v["verdict"] != harness.REPRODUCED
+    assert v["lo"] <= 0  # the oracle's cut is not shown above the 0.15 threshold
+    assert by_id["selective_cut"]["systems"][system] == harness.NOT_TESTABLE
+  assert by_id["selective_cut"]["verdict"] == harness.NOT_TESTABLE
+  assert by_id["selective_per_depth"]["oracle_fails"] == []
+  assert by_id["selective_per_depth"]["systems"]["kdv1d"] == harness.REPRODUCED

