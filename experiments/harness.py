@@ -29,7 +29,8 @@ the claimed direction:
 * an equivalence claim ("within ``margin``"): TOST. *reproduced* when both one-sided tests reject
   at ``alpha`` (Holm-adjusted); *not reproduced* when its 90% interval lies wholly outside
   (-margin, +margin); *inconclusive* otherwise;
-* *not testable*: a rule an oracle cannot meet (set by the table that has the oracle's values).
+* *not testable*: a rule an oracle cannot be shown to meet at the seeds run (set by the table that
+  has the oracle's values).
 
 A non-superiority or equivalence claim that holds while d is significantly different from 0 (95%
 interval excluding 0) says so in ``Verdict.note``. A permutation test of the same difference is

@@ -23,7 +23,7 @@ per-seed evaluation point of every policy, so ``--rejudge`` and the plot need no
 
 Results on this CPU (generated from results/averaging_rl/table.md; do not edit by hand):
 
-`python scripts/reproduce.py averaging_rl`: 9 seeds (9 from power: pilot SD 0.007, minimum effect 0.01, 80% power, alpha 0.05; floor 8); GRPO (G = 8) for 100 steps on band 2-3 digit addition, 0/1 reward, 64 prompts per step, lr 0.0001, evaluated every 10 steps on 200 test problems x 8 samples; averages `lawa:k=5,every=10,as=lawa;ema:decay=0.95,as=ema`; 8.2 min on x86_64 (CPU model not recorded), 2 CPU cores, jax 0.10.2 on cpu. Minimum detectable effect of the claims: 0.00244-0.00366. Cells: mean [95% t interval over seeds].
+`python scripts/reproduce.py averaging_rl`: 9 seeds (9 from power: pilot SD 0.007, minimum effect 0.01, 80% power, alpha 0.05; floor 8); GRPO (G = 8) for 100 steps on band 2-3 digit addition, 0/1 reward, 64 prompts per step, lr 0.0001, evaluated every 10 steps on 200 test problems x 8 samples; averages `lawa:k=5,every=10,as=lawa;ema:decay=0.95,as=ema`; 23.6 min. Run on AMD EPYC, 2 CPU cores, jax 0.10.2 on cpu at commit c34da4c, from the pinned testbed 2fd651497158c750 (experiments/testbeds). Minimum detectable effect of the claims: 0.00364-0.00691. Cells: mean [95% t interval over seeds].
 
 ## Paper claims
 
@@ -31,14 +31,14 @@ Pre-declared metrics: the mean pass@1 over the second half of the evaluations an
 
 | claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
 | --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| averaging RL checkpoints (lawa) raises the pass@1 level (2nd-half mean) | lawa: +0.002 [-0.001, +0.004] | 0.01 | 0.0937 (0.0937) | 0.0938 | 9 vs 9 | 0.004 | be9a03a | not reproduced |
-| averaging RL checkpoints (lawa) damps step-to-step volatility | lawa: -0.004 [-0.007, -0.002] | 0 | 0.00138 (0.00552) | 0.00195 | 9 vs 9 | 0.003 | be9a03a | reproduced |
-| averaging RL checkpoints (ema) raises the pass@1 level (2nd-half mean) | ema: +0.003 [+0.001, +0.005] | 0.01 | 0.00211 (0.00633) | 0.00391 | 9 vs 9 | 0.002 | be9a03a | trivial |
-| averaging RL checkpoints (ema) damps step-to-step volatility | ema: -0.004 [-0.007, -0.001] | 0 | 0.00441 (0.00882) | 0.00586 | 9 vs 9 | 0.004 | be9a03a | reproduced |
+| averaging RL checkpoints (lawa) raises the pass@1 level (2nd-half mean) | lawa: +0.010 [+0.005, +0.014] | 0.01 | 0.000545 (0.00136) | 0.00195 | 9 vs 9 | 0.006 | be9a03a | reproduced |
+| averaging RL checkpoints (lawa) damps step-to-step volatility | lawa: -0.006 [-0.009, -0.003] | 0 | 0.000454 (0.00136) | 0.00391 | 9 vs 9 | 0.004 | be9a03a | reproduced |
+| averaging RL checkpoints (ema) raises the pass@1 level (2nd-half mean) | ema: +0.010 [+0.005, +0.015] | 0.01 | 0.00133 (0.00136) | 0.00195 | 9 vs 9 | 0.007 | be9a03a | reproduced |
+| averaging RL checkpoints (ema) damps step-to-step volatility | ema: -0.009 [-0.012, -0.006] | 0 | 0.000106 (0.000424) | 0.00195 | 9 vs 9 | 0.004 | be9a03a | reproduced |
 
-Statistics: paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 9 seeds per arm; pooled seed SD up to 0.00368; minimum detectable effect (80% power) 0.00244-0.00366.
+Statistics: paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 9 seeds per arm; pooled seed SD up to 0.00695; minimum detectable effect (80% power) 0.00364-0.00691.
 
-Rules (``experiments/harness.py``): a claim is reproduced when the Holm-adjusted one-sided paired t test gives p <= 0.05 and the 95% paired t interval of averaged - raw lies on the claimed side of 0, not reproduced when it lies on the other side, inconclusive otherwise; the exact sign-flip permutation p (not adjusted; at 9 seeds its smallest value is 1/512) is reported beside it.
+Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome). A holding no-gain or equivalence claim whose difference is significantly non-zero says so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline. Here the tests are paired by seed (averaged - raw of one run); the exact sign-flip permutation p is the paired one (at 9 seeds its smallest value is 1/512).
 
 (end of generated results)
 """
@@ -194,7 +194,7 @@ def render(report: dict) -> str:
            f"{cfg['steps']} steps on {calibrate.describe(cfg)}, evaluated every "
            f"{cfg['eval_every']} steps on {cfg['eval_problems']} test problems x "
            f"{cfg['eval_samples']} samples; averages `{cfg['averaging']}`; "
-           f"{report['seconds'] / 60:.1f} min on {R.machine_text(report.get('machine'))}."
+           f"{report['seconds'] / 60:.1f} min. {harness.provenance_note(report)}"
            + (f" Minimum detectable effect of the claims: {min(mdes):.3g}-{max(mdes):.3g}."
               if mdes else "") + " Cells: mean [95% t interval over seeds].", ""]
   if s.get("gate"):
@@ -212,11 +212,9 @@ def render(report: dict) -> str:
            "Holm family. Intervals exclude problem-sampling error: every seed and policy is "
            "evaluated on the same fixed test problems with the same evaluation key.", ""]
   lines += R.verdict_section(judged)
-  lines += ["Rules (``experiments/harness.py``): a claim is reproduced when the Holm-adjusted "
-            "one-sided paired t test gives p <= 0.05 and the 95% paired t interval of averaged - "
-            "raw lies on the claimed side of 0, not reproduced when it lies on the other side, "
-            "inconclusive otherwise; the exact sign-flip permutation p (not adjusted; at "
-            f"{n} seeds its smallest value is 1/{2 ** n}) is reported beside it.", "",
+  lines += [harness.rules_note(judged) + " Here the tests are paired by seed (averaged - raw "
+            "of one run); the exact sign-flip permutation p is the paired one (at "
+            f"{n} seeds its smallest value is 1/{2 ** n}).", "",
            "## Per policy", "", "| policy | " + " | ".join(METRICS.values()) + " |",
            "| --- | " + " | ".join("---" for _ in METRICS) + " |"]
   for pol in POLICIES:

@@ -30,7 +30,8 @@ Families (Holm-adjusted together):
   above ``SKILL_GATE`` (one-sample t), one test per system: whether a model predicts its own
   errors says little about the paper when it is no better than predicting no change.
 * ``sanity@<system>``: that an oracle ranking (by the true error) meets each selective-prediction
-  rule: a rule an oracle cannot meet is no test of C_i, and the claim is *not testable* on that
+  rule: a rule the oracle is not shown to meet (its own check is not reproduced) is no test of
+  C_i at these seeds, and the claim is *not testable* on that
   system (experiments/STATISTICS.md, protocol v2 point 4). The OOD rules get
   a reference check instead, the true error E_i as the OOD score: how visible the shift is in the
   error itself. It bounds nothing (C_i may detect the shift better than E_i), so a failed
