@@ -391,13 +391,17 @@ def verdict_rows(verdicts: Sequence[Verdict], digits: int = 3) -> list[str]:
       sesoi_text = f"+-{c['margin']:g}"
     else:
       sesoi_text = f"{sesoi:g}" if sesoi else "-" if sesoi is None else "0"
-    declared = (c.get("declared") or "-") + (" (exploratory)" if c.get("exploratory") else "")
     verdict = v["verdict"] + (f"; {v['note']}" if v.get("note") else "")
     rows.append(f"| {c['text']} | {label}: {v['diff']:+.{digits}f} "
                 f"[{v['lo']:+.{digits}f}, {v['hi']:+.{digits}f}] | {sesoi_text} | {v['p']:.3g} "
                 f"({v['p_holm']:.3g}) | {v['p_permutation']:.3g} | {seeds} | "
-                f"{v['mde']:.{digits}f} | {declared} | {verdict} |")
+                f"{v['mde']:.{digits}f} | {declared_text(c)} | {verdict} |")
   return rows
+
+
+def declared_text(claim: Mapping) -> str:
+  """A claim's declaring commit for a table cell ("-" when not recorded), marked exploratory."""
+  return (claim.get("declared") or "-") + (" (exploratory)" if claim.get("exploratory") else "")
 
 
 def rules_note(verdicts: Sequence[Verdict | dict], level: float = 0.95) -> str:
@@ -907,14 +911,21 @@ def run(exp: Experiment, args, *, sync_docs: bool = False) -> dict:
   os.makedirs(args.out, exist_ok=True)
   results, seconds, ran, provenance = run_units(units, os.path.join(args.out, "cache"),
                                                  exp.name, args.no_progress)
-  data = (exp.collect(config, results) if exp.collect else
-          {uid: {k: v for k, v in r.items() if not isinstance(v, np.ndarray)}
-           for uid, r in results.items()})
+  data = _collect(exp, config, results)
   report = {"experiment": exp.name, "command": command(exp.name, args), "config": config,
             "machine": machine(), "seconds": seconds.pop("_total"),
             "unit_seconds": sum(seconds.values()), "units_run": ran, "units": provenance,
             "testbeds": testbeds_in([u.spec for u in units.values()]), "data": data}
   return write(exp, report, args.out, sync_docs=sync_docs)
+
+
+def _collect(exp: Experiment, config: dict, results: Mapping[str, dict]) -> dict:
+  """What results.json keeps of the unit results: ``exp.collect``'s choice, by default every
+  unit's JSON part."""
+  if exp.collect:
+    return exp.collect(config, results)
+  return {uid: {k: v for k, v in r.items() if not isinstance(v, np.ndarray)}
+          for uid, r in results.items()}
 
 
 def run_units(units: Mapping[str, Unit], cache_dir: str, desc: str, no_progress: bool = False):
@@ -1295,9 +1306,7 @@ def replicate(exp: Experiment, out_dir: str, *, seeds: int | None = None,
   os.makedirs(rep_dir, exist_ok=True)
   results, secs, ran, provenance = run_units(units, os.path.join(rep_dir, "cache"),
                                              f"{exp.name} replication", no_progress)
-  data = (exp.collect(config, results) if exp.collect else
-          {uid: {k: v for k, v in r.items() if not isinstance(v, np.ndarray)}
-           for uid, r in results.items()})
+  data = _collect(exp, config, results)
   line = (f"python scripts/reproduce.py {exp.name} --replicate --seeds {seeds} "
           f"--seed-offset {seed_offset}")
   report = {"experiment": exp.name, "command": line, "config": config, "machine": machine(),

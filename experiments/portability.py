@@ -37,10 +37,9 @@ VARIANTS = {"default": "", "avx2": "--xla_cpu_max_isa=AVX2", "default-again": ""
 SEEDS = (0, 1)
 
 
-def _one(steps: int, out_npz: str) -> dict:
+def _one(steps: int, out_dir: str, name: str) -> dict:
   """In the variant's process: the SFT rebuild, its evaluation, and the RL arm from the pin."""
   import jax
-  import numpy as np
 
   from experiments import ace, harness, rl_seeds, testbeds
   from rlpost.train import config as config_lib
@@ -51,12 +50,11 @@ def _one(steps: int, out_npz: str) -> dict:
   with tempfile.TemporaryDirectory() as cache:
     cfg = config_lib.from_dict(rl.RLConfig, dict(recipe, cache_dir=cache))
     start = setup.character_start(cfg, lambda s: None, progress=False)
-  np.savez(out_npz, **{k: np.asarray(v) for k, v in pinned._leaves(start)})
   sz = ace.sizes(False)
   arm = ace.arm_config(ace.base_config(sz), None, kl_coef=0.0)
   ev = dict(num_problems=sz.eval_problems, num_samples=sz.eval_samples)
   # The rebuilt start, evaluated as the ACE table evaluates its step 0.
-  rebuilt = pinned.save(start, os.path.dirname(out_npz), "rebuilt")
+  rebuilt = pinned.save(start, out_dir, name)
   trainer = rl.make_train(dict(arm, init_params=rebuilt), log=lambda s: None)
   sft_eval = trainer.evaluate(trainer.init_state().params, **ev)
   # The GRPO arm from the pinned start (as rl_seeds.run_arm trains it).
@@ -70,7 +68,7 @@ def _one(steps: int, out_npz: str) -> dict:
            for i in range(len(SEEDS))]
   return {"sft_digest": pinned.digest(start), "sft_eval": {k: sft_eval[k] for k in
                                                            ("pass@1", "pass@64")},
-          "rl_digest": pinned.digest(params), "rl_pass1": pass1,
+          "rl_digest": pinned.digest(params), "rl_pass1": pass1, "sft_file": rebuilt,
           "seconds": time.perf_counter() - t0, "machine": harness.machine()}
 
 
@@ -80,10 +78,10 @@ def main(argv=None) -> dict:
   ap.add_argument("--steps", type=int, default=20)
   ap.add_argument("--out", default=os.path.join(ROOT, "results", "portability"))
   ap.add_argument("--variant", help=argparse.SUPPRESS)
-  ap.add_argument("--npz", help=argparse.SUPPRESS)
+  ap.add_argument("--dir", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
   if args.variant:  # a child process: print the record as the last line
-    print(json.dumps(_one(args.steps, args.npz)))
+    print(json.dumps(_one(args.steps, args.dir, args.variant)))
     return {}
   import numpy as np
 
@@ -92,19 +90,19 @@ def main(argv=None) -> dict:
 
   paths.check_writable(args.out, "--out")
   os.makedirs(args.out, exist_ok=True)
-  rows = {}
+  rows, files = {}, {}
   with tempfile.TemporaryDirectory() as tmp:
     for name, flags in VARIANTS.items():
       env = dict(os.environ, XLA_FLAGS=" ".join(x for x in (os.environ.get("XLA_FLAGS", ""),
                                                             flags) if x))
-      npz = os.path.join(tmp, f"{name}.npz")
       out = subprocess.run([sys.executable, "-m", "experiments.portability", "--variant", name,
-                            "--npz", npz, "--steps", str(args.steps)], cwd=ROOT, env=env,
+                            "--dir", tmp, "--steps", str(args.steps)], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=3600)
       if out.returncode:
         raise RuntimeError(f"variant {name} failed: {out.stderr[-2000:]}")
       rows[name] = dict(json.loads(out.stdout.strip().splitlines()[-1]), xla_flags=flags)
-      with np.load(npz) as z, np.load(os.path.join(tmp, "default.npz")) as d:
+      files[name] = rows[name].pop("sft_file")
+      with np.load(files[name]) as z, np.load(files["default"]) as d:
         rows[name]["sft_max_abs_diff_vs_default"] = float(max(
             np.max(np.abs(z[k].astype(np.float64) - d[k])) for k in d.files))
       print(f"{name}: {rows[name]['sft_digest']} sft pass@1 "

@@ -602,12 +602,11 @@ def render(report: dict) -> str:
   for r in s["claims"]:
     c = r["claim"]
     b = _cell(r["b"]) if r["b"] is not None else f"{c['center']:g}"
-    declared = (c.get("declared") or "-") + (" (exploratory)" if c.get("exploratory") else "")
     lines.append(
         f"| {c['text']} | {c['metric']} | {c['arms'][0]}: {_cell(r['a'])} | {b} | "
         f"{r['diff']:+.3g} [{r['lo']:+.3g}, {r['hi']:+.3g}] | {r['exact_diff']:+.3g} | "
         f"{c.get('sesoi', 0):.3g} | {r['p']:.3g} ({r['p_holm']:.3g}) | {r['p_permutation']:.3g} "
-        f"| {r['n'][0]} | {r['mde']:.3g} | {declared} | {r['verdict']} |")
+        f"| {r['n'][0]} | {r['mde']:.3g} | {harness.declared_text(c)} | {r['verdict']} |")
   if any(r["claim"].get("exploratory") for r in s["claims"]):
     lines += ["", "Exploratory: this table's design and its results landed in one commit, so no "
               "claim was declared before its run (experiments/declared.json); it stays out of the "

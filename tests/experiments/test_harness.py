@@ -386,7 +386,9 @@ def test_replication_report_on_a_committed_table(tmp_path, capsys):
   (v,) = committed["summary"]["claims"]
   assert v["verdict"] == "reproduced" and len(v["values"][0]) == 6
   calls.clear()
+  committed_bytes = (tmp_path / "results.json").read_bytes()
   out = harness.replicate(exp, str(tmp_path), seeds=4, seed_offset=100, no_progress=True)
+  assert (tmp_path / "results.json").read_bytes() == committed_bytes  # what it reads is kept
   assert sorted(calls) == ["a", "b"]  # only the replication's units ran
   (row,) = out["rows"]
   new = out["report"]["summary"]["claims"][0]

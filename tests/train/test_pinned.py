@@ -29,7 +29,10 @@ def test_digest_is_of_the_content_and_checked_on_load(tmp_path):
   assert pinned.digest(_tree(2.0)) != d  # one changed value moves the digest
   back = pinned.load(path, _tree(0.0))
   np.testing.assert_array_equal(back["b"]["kernel"], _tree()["b"]["kernel"])
+  before = os.stat(path)
   assert pinned.save(_tree(), str(tmp_path), "toy") == path  # same content, same file
+  after = os.stat(path)
+  assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not rewritten
   # A file whose content is not what its name says is refused, naming the file.
   other = pinned.save(_tree(2.0), str(tmp_path), "toy")
   renamed = os.path.join(tmp_path, f"toy-{d[::-1]}.npz")
