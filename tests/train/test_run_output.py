@@ -75,14 +75,21 @@ def test_wandb_offline_records_the_run(dirs, tmp_path, monkeypatch):
   monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
   monkeypatch.setenv("WANDB_SILENT", "true")
   os.makedirs(tmp_path / "wb")
-  tr = _trainer(dirs, log=lambda s: None, steps=2, logger="tensorboard,wandb")
+  said = []
+  tr = _trainer(dirs, log=said.append, steps=2, logger="tensorboard,wandb")
   loop.run(tr, str(tmp_path / "r"), progress=False)
+  assert not [s for s in said if "tracker" in s], said  # neither tracker was disabled
+  # run.finish() returns before W&B's service has flushed the run file; the service writes the
+  # rest when it shuts down (at process exit for a user, here on demand).
+  import wandb
+  wandb.teardown()
   assert os.listdir(tmp_path / "r" / "tb")  # TensorBoard beside W&B
   runs = glob.glob(str(tmp_path / "wb" / "wandb" / "offline-run-*"))
   assert len(runs) == 1
   run_id = (tmp_path / "r" / "wandb_id").read_text().strip()
   log_file = os.path.join(runs[0], f"run-{run_id}.wandb")
-  history = _wandb_history(log_file)
+  history, kinds = _wandb_history(log_file)
+  assert kinds[-1] == "exit", f"{log_file} ends before its exit record: {kinds}"
   steps = {row["_step"] for row in history}
   assert {0, 1, 2} <= steps
   train = [row for row in history if "train/reward" in row]
@@ -90,9 +97,10 @@ def test_wandb_offline_records_the_run(dirs, tmp_path, monkeypatch):
   assert any("eval/pass@1" in row for row in history)
 
 
-def _wandb_history(path: str) -> list[dict]:
-  """The history rows of an offline W&B run file: a LevelDB-style log (7-byte file header, 32 KiB
-  blocks of records framed as crc32, length, type) of ``Record`` protos."""
+def _wandb_history(path: str) -> tuple[list[dict], list[str]]:
+  """The history rows of an offline W&B run file, and the kinds of all its records in order: a
+  LevelDB-style log (7-byte file header, 32 KiB blocks of records framed as crc32, length, type)
+  of ``Record`` protos."""
   import json
   import struct
 
@@ -100,7 +108,7 @@ def _wandb_history(path: str) -> list[dict]:
 
   data = open(path, "rb").read()
   assert data[:4] == b":W&B", f"{path} is not a W&B run file"
-  block, pos, payload, rows = 32768, 7, b"", []
+  block, pos, payload, rows, kinds = 32768, 7, b"", [], []
   while pos + 7 <= len(data):
     if block - pos % block < 7:  # a block's tail too short for a header is padding
       pos += block - pos % block
@@ -113,7 +121,8 @@ def _wandb_history(path: str) -> list[dict]:
     if kind in (1, 4):  # a full record, or the last fragment of one
       rec = wandb_internal_pb2.Record.FromString(payload)
       payload = b""
-      if rec.WhichOneof("record_type") == "history":
+      kinds.append(rec.WhichOneof("record_type"))
+      if kinds[-1] == "history":
         rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
                      for i in rec.history.item})
-  return rows
+  return rows, kinds
