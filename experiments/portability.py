@@ -17,6 +17,16 @@ Per variant: (1) the SFT start retrained from the testbed recipe (``experiments/
 (2) from the *pinned* start, the ACE table's GRPO arm for ``--steps`` steps at 2 seeds: the
 digest of the trained weights and pass@1 after training. Outputs ``results.json`` and
 ``table.md`` in ``--out``.
+
+Other hosts: ``bash scripts/portability_host.sh DIR`` runs the same variant there (on the CPU,
+and on the GPU at JAX's default f32 matmul precision and at "highest" where one is present);
+``python -m experiments.portability --add-host DIR --label NAME`` adds its rows to ``--out``,
+the SFT weights compared with the pinned start's.
+
+Another code version: ``python -m experiments.portability --old-code COMMIT`` retrains the SFT
+start with the code of ``COMMIT`` (a commit from before the pin, whose ACE design still retrained
+its start; extracted with ``git archive`` into a temporary folder, never checked out here), on
+this host, evaluates it as the ACE table does and compares its weights with the pin's.
 """
 
 from __future__ import annotations
@@ -77,12 +87,22 @@ def main(argv=None) -> dict:
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--steps", type=int, default=20)
   ap.add_argument("--out", default=os.path.join(ROOT, "results", "portability"))
+  ap.add_argument("--add-host", metavar="DIR",
+                  help="add the rows that scripts/portability_host.sh wrote in DIR")
+  ap.add_argument("--label", help="the added host's name in the table (with --add-host)")
+  ap.add_argument("--note", default="", help="a sentence on the added host (with --add-host)")
+  ap.add_argument("--old-code", metavar="COMMIT",
+                  help="retrain the SFT start with an older commit's code on this host")
   ap.add_argument("--variant", help=argparse.SUPPRESS)
   ap.add_argument("--dir", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
   if args.variant:  # a child process: print the record as the last line
     print(json.dumps(_one(args.steps, args.dir, args.variant)))
     return {}
+  if args.add_host:
+    return add_host(args.add_host, args.label, args.out, args.note)
+  if args.old_code:
+    return old_code(args.old_code, args.out)
   import numpy as np
 
   from experiments import harness
@@ -117,6 +137,116 @@ def main(argv=None) -> dict:
   return report
 
 
+def _read(out: str) -> dict:
+  path = os.path.join(out, "results.json")
+  if not os.path.isfile(path):
+    raise ValueError(f"{path} does not exist: run python -m experiments.portability first")
+  with open(path) as f:
+    return json.load(f)
+
+
+def _save(report: dict, out: str) -> dict:
+  from experiments import harness
+
+  harness.write_json(os.path.join(out, "results.json"), report)
+  text = render(report)
+  harness._write_text(os.path.join(out, "table.md"), text)
+  print(text)
+  return report
+
+
+def add_host(host_dir: str, label: str | None, out: str, note: str = "") -> dict:
+  """Adds the variants ``scripts/portability_host.sh`` recorded in ``host_dir`` to the report in
+  ``out`` as host ``label``, each SFT start compared with the pinned one."""
+  import numpy as np
+
+  from experiments import testbeds
+
+  if not label:
+    raise ValueError("--add-host needs --label NAME (the host's name in the table)")
+  if not os.path.isdir(host_dir):
+    raise ValueError(f"--add-host {host_dir} is not a directory")
+  report = _read(out)
+  rows = {}
+  for name in sorted(os.listdir(host_dir)):
+    record_path = os.path.join(host_dir, name, "record.json")
+    if not os.path.isfile(record_path):
+      continue
+    with open(record_path) as f:
+      lines = f.read().strip().splitlines()
+    try:
+      row = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+      raise ValueError(f"{record_path}: its last line is not a variant's record (did the variant "
+                       "finish? see err.txt beside it)") from None
+    npz = os.path.join(host_dir, name, os.path.basename(row.pop("sft_file")))
+    with np.load(npz) as z, np.load(testbeds.path("b23-sft")) as pin:
+      row["sft_max_abs_diff_vs_pin"] = float(max(
+          np.max(np.abs(z[k].astype(np.float64) - pin[k])) for k in pin.files))
+    rows[name] = row
+  if not rows:
+    raise ValueError(f"{host_dir} holds no VARIANT/record.json")
+  report.setdefault("hosts", {})[label] = rows
+  report.setdefault("host_notes", {})[label] = note
+  return _save(report, out)
+
+
+# Run in the old tree (its own rlpost first on sys.path): the ACE design's SFT start, retrained
+# by that commit's warm start, its step-0 evaluation, and its leaves saved for the comparison.
+_OLD_CODE_CHILD = """
+import json, sys, tempfile, time
+import jax, numpy as np
+from experiments import ace
+from rlpost.train import rl
+t0 = time.perf_counter()
+sz = ace.sizes(False)
+arm = ace.arm_config(ace.base_config(sz), None, kl_coef=0.0)
+if arm.get("init_params"):
+  raise SystemExit("this commit's ACE design loads a pinned start: nothing to retrain")
+with tempfile.TemporaryDirectory() as cache:
+  tr = rl.make_train(dict(arm, cache_dir=cache), log=lambda s: None)
+  params = jax.device_get(tr.init_state().params)
+  ev = tr.evaluate(params, num_problems=sz.eval_problems, num_samples=sz.eval_samples)
+np.savez(sys.argv[1], **{jax.tree_util.keystr(k): np.asarray(v)
+                         for k, v in jax.tree_util.tree_flatten_with_path(params)[0]})
+print(json.dumps({"sft_eval": {"pass@1": ev["pass@1"], "pass@64": ev["pass@64"]},
+                  "seconds": time.perf_counter() - t0}))
+"""
+
+
+def old_code(commit: str, out: str) -> dict:
+  """Adds to the report in ``out`` the SFT start that ``commit``'s code retrains on this host,
+  compared leaf by leaf with the pin."""
+  import numpy as np
+
+  from experiments import harness, testbeds
+
+  report = _read(out)
+  full = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
+                        cwd=ROOT, capture_output=True, text=True)
+  if full.returncode:
+    raise ValueError(f"--old-code {commit}: not a commit of this repository")
+  sha = full.stdout.strip()[:7]
+  with tempfile.TemporaryDirectory() as tmp:
+    tree = os.path.join(tmp, "tree")
+    os.makedirs(tree)
+    archive = subprocess.run(["git", "archive", sha], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
+    leaves = os.path.join(tmp, "sft.npz")
+    env = dict(os.environ, HOME=os.path.join(tmp, "home"), PYTHONPATH=tree)
+    run = subprocess.run([sys.executable, "-c", _OLD_CODE_CHILD, leaves], cwd=tree, env=env,
+                         capture_output=True, text=True, timeout=3600)
+    if run.returncode:
+      raise RuntimeError(f"commit {sha}'s SFT retraining failed: {run.stderr[-2000:]}")
+    row = json.loads(run.stdout.strip().splitlines()[-1])
+    with np.load(leaves) as old, np.load(testbeds.path("b23-sft")) as pin:
+      by_bytes = sorted(old[k].tobytes() for k in old.files)
+      row["bitwise_equal_to_pin"] = by_bytes == sorted(pin[k].tobytes() for k in pin.files)
+  row["machine"] = harness.machine()
+  report.setdefault("old_code", {})[sha] = row
+  return _save(report, out)
+
+
 def render(report: dict) -> str:
   from experiments import harness
 
@@ -134,6 +264,34 @@ def render(report: dict) -> str:
                  f"{r['sft_max_abs_diff_vs_default']:.3g} | {r['sft_eval']['pass@1']:.4f} | "
                  f"{r['sft_eval']['pass@64']:.4f} | {r['rl_digest']} | "
                  f"{', '.join(f'{x:.4f}' for x in r['rl_pass1'])} | {r['seconds'] / 60:.1f} |")
+  for label, rows in report.get("hosts", {}).items():
+    lines += ["", f"## Host {label}", "",
+              f"`bash scripts/portability_host.sh DIR`, then `python -m experiments.portability "
+              f"--add-host DIR --label {label}`: the same SFT recipe and RL arm, each variant in "
+              "its own process. GPU variants: JAX's default f32 matmul precision (`gpu`) and "
+              "`JAX_DEFAULT_MATMUL_PRECISION=highest`. "
+              + report.get("host_notes", {}).get(label, ""), "",
+              "| variant | machine | SFT digest | max abs weight diff vs the pin | SFT pass@1 | "
+              "SFT pass@64 | RL weights digest | RL pass@1 per seed | minutes |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, r in rows.items():
+      m = r["machine"]
+      lines.append(f"| {name} | {harness.machine_text(m)}, commit {m.get('commit')} | "
+                   f"{r['sft_digest']} | {r['sft_max_abs_diff_vs_pin']:.3g} | "
+                   f"{r['sft_eval']['pass@1']:.4f} | {r['sft_eval']['pass@64']:.4f} | "
+                   f"{r['rl_digest']} | {', '.join(f'{x:.4f}' for x in r['rl_pass1'])} | "
+                   f"{r['seconds'] / 60:.1f} |")
+  if report.get("old_code"):
+    lines += ["", "## Older code on this host", "",
+              "`python -m experiments.portability --old-code COMMIT`: the ACE design's SFT "
+              "start retrained by that commit's code.", "",
+              "| commit | machine | SFT pass@1 | SFT pass@64 | weights bitwise equal to the pin "
+              "| minutes |", "| --- | --- | --- | --- | --- | --- |"]
+    for sha, r in report["old_code"].items():
+      lines.append(f"| {sha} | {harness.machine_text(r['machine'])} | "
+                   f"{r['sft_eval']['pass@1']:.4f} | {r['sft_eval']['pass@64']:.4f} | "
+                   f"{'yes' if r['bitwise_equal_to_pin'] else 'no'} | "
+                   f"{r['seconds'] / 60:.1f} |")
   return "\n".join(lines) + "\n"
 
 

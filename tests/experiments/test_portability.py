@@ -27,3 +27,66 @@ def test_committed_table_renders_from_its_results():
   # The default path's start is the pinned testbed.
   from experiments import testbeds
   assert v["default"]["sft_digest"] == testbeds.PINNED["b23-sft"]
+  # Another host (CPU model, jax version, a GPU): other starts; the RL arm from the pin agrees
+  # on pass@1 within 0.003 per seed (the README's statement).
+  for host in report.get("hosts", {}).values():
+    for r in host.values():
+      assert r["sft_digest"] != v["default"]["sft_digest"] and r["sft_max_abs_diff_vs_pin"] > 0
+      assert max(abs(a - b) for a, b in zip(r["rl_pass1"], v["default"]["rl_pass1"])) <= 0.003
+
+
+  # Older code (before the pin) retrains, on this host's code path, the pinned start itself.
+  for r in report.get("old_code", {}).values():
+    assert r["bitwise_equal_to_pin"]
+
+
+def test_old_code_refuses_what_is_not_a_commit(tmp_path):
+  import pytest
+
+  (tmp_path / "results.json").write_text("{}")
+  with pytest.raises(ValueError, match="--old-code nosuch: not a commit of this repository"):
+    portability.old_code("nosuch", str(tmp_path))
+
+
+def _host_dir(tmp_path, record: dict | None, last_line: str | None = None):
+  import shutil
+
+  from experiments import testbeds
+
+  d = tmp_path / "host" / "cpu"
+  d.mkdir(parents=True)
+  shutil.copy(testbeds.path("b23-sft"), d / "cpu-x.npz")
+  text = last_line if record is None else json.dumps(dict(record, sft_file="/elsewhere/cpu-x.npz"))
+  (d / "record.json").write_text("building data...\n" + text + "\n")
+  return tmp_path / "host"
+
+
+def test_add_host_adds_rows_compared_with_the_pin(tmp_path):
+  out = tmp_path / "out"
+  out.mkdir()
+  with open(os.path.join(OUT, "results.json")) as f:
+    committed = json.load(f)
+  (out / "results.json").write_text(json.dumps(dict(committed, hosts={})))
+  row = dict(committed["variants"]["default"])
+  row.pop("xla_flags"), row.pop("sft_max_abs_diff_vs_default")
+  portability.add_host(str(_host_dir(tmp_path, row)), "other", str(out))
+  report = json.loads((out / "results.json").read_text())
+  assert report["hosts"]["other"]["cpu"]["sft_max_abs_diff_vs_pin"] == 0.0  # the pin itself
+  assert "## Host other" in (out / "table.md").read_text()
+
+
+def test_add_host_refuses_what_it_cannot_read(tmp_path):
+  import pytest
+
+  out = tmp_path / "out"
+  out.mkdir()
+  with pytest.raises(ValueError, match="run python -m experiments.portability first"):
+    portability.add_host(str(tmp_path), "x", str(out))
+  (out / "results.json").write_text("{}")
+  host = _host_dir(tmp_path, None, last_line="Traceback (most recent call last):")
+  with pytest.raises(ValueError, match=r"cpu/record.json: its last line is not a variant"):
+    portability.add_host(str(host), "x", str(out))
+  with pytest.raises(ValueError, match="needs --label"):
+    portability.add_host(str(host), "", str(out))
+  with pytest.raises(ValueError, match="is not a directory"):
+    portability.add_host(str(tmp_path / "missing"), "x", str(out))
