@@ -678,11 +678,33 @@ def unit_key(unit: "Unit") -> dict:
 
 
 def testbeds_in(tree) -> list[str]:
-  """The testbed digests (``init_params`` files, ``rlpost.train.pinned``) anywhere in ``tree``."""
+  """The testbed digests anywhere in ``tree``: pinned files (``rlpost.train.pinned``) named by
+  ``init_params`` (a start) or ``testbed`` (a dataset) keys."""
   from rlpost.train import pinned
 
-  return sorted({pinned.parse_name(m["init_params"])[1] for m in mappings(tree)
-                 if isinstance(m.get("init_params"), str) and m["init_params"]})
+  return sorted({pinned.parse_name(m[k])[1] for m in mappings(tree)
+                 for k in ("init_params", "testbed") if isinstance(m.get(k), str) and m[k]})
+
+
+def check_one_testbed(specs, desc: str) -> None:
+  """Raises ``MixedStarts`` when ``specs`` start from two pinned policies (``init_params``), or
+  read two pinned datasets (``testbed``) of one ``system``: a table compares its units from one
+  start, and each system's units on one dataset."""
+  from rlpost.train import pinned
+
+  starts = sorted({pinned.parse_name(m["init_params"])[1] for m in mappings(specs)
+                   if isinstance(m.get("init_params"), str) and m["init_params"]})
+  if len(starts) > 1:
+    raise MixedStarts(f"the units of {desc} start from {len(starts)} testbeds "
+                      f"({', '.join(starts)}); a table starts from one")
+  data: dict[str, set] = {}
+  for m in mappings(specs):
+    if isinstance(m.get("testbed"), str) and m["testbed"]:
+      data.setdefault(str(m.get("system", "")), set()).add(pinned.parse_name(m["testbed"])[1])
+  for system, files in sorted(data.items()):
+    if len(files) > 1:
+      raise MixedStarts(f"the units of {desc} read {len(files)} pinned datasets of system "
+                        f"{system!r} ({', '.join(sorted(files))}); a system's units read one")
 
 
 def mappings(tree):
@@ -931,11 +953,9 @@ def _collect(exp: Experiment, config: dict, results: Mapping[str, dict]) -> dict
 def run_units(units: Mapping[str, Unit], cache_dir: str, desc: str, no_progress: bool = False):
   """Run (or load from ``cache_dir``) every unit. Returns (results, seconds per unit and
   "_total", ids run now, provenance per unit: the machine, commit and code version that computed
-  it and the testbeds it started from). Refuses units that start from two testbeds."""
-  beds = testbeds_in([u.spec for u in units.values()])
-  if len(beds) > 1:
-    raise MixedStarts(f"the units of {desc} start from {len(beds)} testbeds ({', '.join(beds)}); "
-                      "a table starts from one")
+  it and the testbeds it started from). Refuses units that start from two pinned policies, or
+  that read two pinned datasets of one system."""
+  check_one_testbed([u.spec for u in units.values()], desc)
   cache = UnitCache(cache_dir)
   t0 = time.perf_counter()
   results, seconds, ran, provenance = {}, {}, [], {}

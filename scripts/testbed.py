@@ -1,13 +1,16 @@
-"""Pinned testbeds: the committed starting policies of the paper tables (experiments/testbeds).
+"""Pinned testbeds: the committed starting policies and datasets of the paper tables
+(experiments/testbeds).
 
     python scripts/testbed.py list                 # each testbed, its pinned digest and file
     python scripts/testbed.py verify               # every pinned file loads and matches its digest
     python scripts/testbed.py build b23-sft        # retrain from the recipe; prints the digest
+    python scripts/testbed.py build kdv1d-data0    # integrate the dataset again; likewise
 
-``build`` retrains the testbed's SFT start from its recipe (never from a cache), writes
+``build`` makes the testbed again from its recipe (an SFT start retrained, a dataset integrated
+again; never from a cache), writes
 ``<name>-<digest>.npz`` and ``<name>-<digest>.json`` (the recipe, the machine, the commit and
 the seconds it took) into ``--out`` (default experiments/testbeds) and prints the digest. It never
-replaces a file: the same digest means the same weights. The tables keep loading the digest in
+replaces a file: the same digest means the same content. The tables keep loading the digest in
 ``experiments.testbeds.PINNED`` until that line is edited.
 """
 
@@ -17,7 +20,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,33 +28,24 @@ sys.path.insert(0, ROOT)
 from rlpost.cli import run_main  # noqa: E402
 
 
-def _like(name: str):
-  """The model state the testbed's recipe builds (random init), to load a file into."""
-  from experiments import testbeds
-  from rlpost.train import config as config_lib
-  from rlpost.train import rl, setup
-
-  cfg = config_lib.from_dict(rl.RLConfig, dict(testbeds.RECIPES[name], sft_steps=0))
-  return setup.character_start(cfg, lambda s: None, progress=False)
-
-
 def cmd_list(args) -> int:
   from experiments import testbeds
 
-  for name in sorted(testbeds.RECIPES):
+  for name in testbeds.names():
+    if name not in testbeds.PINNED:
+      print(f"{name}: none pinned (python scripts/testbed.py build {name})")
+      continue
     p = testbeds.path(name)
     state = "present" if os.path.isfile(p) else "MISSING"
-    print(f"{name}: digest {testbeds.PINNED[name] or '(none pinned)'} "
-          f"{os.path.relpath(p, ROOT)} ({state})")
+    print(f"{name}: digest {testbeds.PINNED[name]} {os.path.relpath(p, ROOT)} ({state})")
   return 0
 
 
 def cmd_verify(args) -> int:
   from experiments import testbeds
-  from rlpost.train import pinned
 
   for name in sorted(testbeds.PINNED):
-    pinned.load(testbeds.path(name), _like(name))
+    testbeds.load(name)
     print(f"{name}: {os.path.relpath(testbeds.path(name), ROOT)} matches digest "
           f"{testbeds.PINNED[name]}")
   return 0
@@ -61,17 +54,14 @@ def cmd_verify(args) -> int:
 def cmd_build(args) -> int:
   from experiments import harness, testbeds
   from rlpost import paths
-  from rlpost.train import config as config_lib
-  from rlpost.train import pinned, rl, setup
+  from rlpost.train import pinned
 
-  if args.name not in testbeds.RECIPES:
-    raise ValueError(f"no testbed {args.name!r}; known: {sorted(testbeds.RECIPES)}")
+  if args.name not in testbeds.names():
+    raise ValueError(f"no testbed {args.name!r}; known: {testbeds.names()}")
   paths.check_writable(args.out, "--out")
-  recipe = testbeds.RECIPES[args.name]
+  recipe = testbeds.RECIPES.get(args.name) or testbeds.DATA[args.name]
   t0 = time.perf_counter()
-  with tempfile.TemporaryDirectory() as cache:  # retrain: never reuse a cached SFT policy
-    cfg = config_lib.from_dict(rl.RLConfig, dict(recipe, cache_dir=cache))
-    params = setup.character_start(cfg, print, progress=not args.no_progress)
+  params = testbeds.build(args.name, print, progress=not args.no_progress)
   seconds = time.perf_counter() - t0
   path = pinned.save(params, args.out, args.name)
   digest = pinned.parse_name(path)[1]
@@ -81,8 +71,9 @@ def cmd_build(args) -> int:
                                   "seconds": seconds, "machine": harness.machine()})
   same = digest == testbeds.PINNED.get(args.name)
   print(f"{args.name}: digest {digest} -> {os.path.relpath(path, ROOT)} ({seconds:.0f} s)"
-        + (" (the pinned one)" if same else f"; the tables load {testbeds.PINNED.get(args.name)!r}"
-           f" until experiments/testbeds/__init__.py PINNED[{args.name!r}] is set to it"))
+        + (" (the pinned one)" if same else
+           f"; the tables load {testbeds.PINNED.get(args.name) or 'no pinned file'} until "
+           f"experiments/testbeds/__init__.py PINNED[{args.name!r}] is set to it"))
   return 0
 
 

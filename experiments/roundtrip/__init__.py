@@ -96,9 +96,13 @@ from experiments.roundtrip import unit as U
 
 @functools.lru_cache(maxsize=4)
 def _data(system: str, data_seed: int) -> dict:
+  """The system's four splits: the pinned dataset (``experiments/testbeds``) where there is one,
+  else integrated here."""
+  from experiments import testbeds
   from rlpost.dynamics import data as data_lib
 
-  return data_lib.load_all(system, seed=data_seed)
+  pinned = testbeds.dataset(system, data_seed)
+  return pinned[1] if pinned else data_lib.load_all(system, seed=data_seed)
 
 
 def units(config: dict) -> dict[str, harness.Unit]:

@@ -107,11 +107,15 @@ class SystemPlan:
 
   def unit_spec(self, kind: str, seed: int, data_seed: int) -> dict:
     """Plain data that determines one (kind, seed) unit: its cache key (``harness.Unit``). The
-    system's fingerprint is part of it, so changing a system's parameters retrains its units."""
+    system's fingerprint is part of it, so changing a system's parameters retrains its units,
+    and so is the pinned dataset's file (its digest) where one is pinned."""
+    from experiments import testbeds
     from rlpost.dynamics import systems
 
+    data = testbeds.dataset_file(self.name, data_seed)
     return {"system": self.name, "fingerprint": systems.get_system(self.name).fingerprint(),
             "kind": kind, "seed": seed, "data_seed": data_seed,
+            **({"testbed": data} if data else {}),
             "train": dataclasses.asdict(self.train_config(kind)), "depths": list(self.depths),
             "start_stride": self.start_stride, "max_starts": self.max_starts,
             "ood_start_every": self.ood_start_every,

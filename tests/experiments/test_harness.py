@@ -243,6 +243,13 @@ def test_unit_key_follows_the_testbed_and_the_code(tmp_path):
   assert harness.digest(harness.unit_key(a)) != harness.digest(key_a)
   with pytest.raises(harness.MixedStarts, match="start from 2 testbeds"):
     harness.run_units({"a": a, "b": b}, str(tmp_path / "cache"), "toy", no_progress=True)
+  # Datasets: one per system; two systems may read two.
+  kdv = {"system": "kdv1d", "testbed": f"experiments/testbeds/kdv1d-data0-{'3' * 16}.npz"}
+  ks = {"system": "ks1d", "testbed": f"experiments/testbeds/ks1d-data0-{'4' * 16}.npz"}
+  harness.check_one_testbed([kdv, ks], "toy")
+  assert harness.testbeds_in([kdv, ks]) == ["3" * 16, "4" * 16]
+  with pytest.raises(harness.MixedStarts, match="read 2 pinned datasets of system 'kdv1d'"):
+    harness.check_one_testbed([kdv, dict(kdv, testbed=ks["testbed"])], "toy")
 
 
 def _arm(pass1, **cfg):

@@ -104,3 +104,27 @@ def test_testbed_command_verifies_the_committed_start():
   bad = subprocess.run([sys.executable, "scripts/testbed.py", "build", "nope"], cwd=root,
                        capture_output=True, text=True, timeout=600)
   assert bad.returncode == 2 and bad.stderr.strip().startswith("error: no testbed 'nope'")
+
+
+def test_dataset_testbeds_are_what_the_roundtrip_tables_load():
+  """The pinned datasets have the splits and shapes of their recipe, the round-trip units name
+  the file they load (so its digest is in their cache key and in the table's testbeds), and
+  a system without a pinned dataset is integrated as before."""
+  from experiments import harness, roundtrip, testbeds
+  from experiments.roundtrip import config as rt_config
+  from rlpost.dynamics import data as data_lib
+
+  for name, recipe in testbeds.DATA.items():
+    system = recipe["system_name"]
+    file, splits = testbeds.dataset(system, recipe["seed"])
+    assert file == f"experiments/testbeds/{name}-{testbeds.PINNED[name]}.npz"
+    assert list(splits) == list(data_lib.SPLITS)
+    assert splits["train"].shape[0] == recipe["num_train"] and splits["train"].dtype == np.float32
+    assert np.all(np.isfinite(splits["test"])) and np.std(splits["test"]) > 0
+  units = roundtrip.units(rt_config.get_config(True))
+  by_system = {u.spec["system"]: u.spec.get("testbed") for u in units.values()}
+  assert by_system == {"kdv1d": testbeds.dataset_file("kdv1d", 0),
+                       "ks1d": testbeds.dataset_file("ks1d", 0), "ns2d": None}
+  assert harness.testbeds_in([u.spec for u in units.values()]) == sorted(
+      testbeds.PINNED[n] for n in testbeds.DATA)
+  assert testbeds.dataset("ns2d", 0) is None and testbeds.dataset("kdv1d", 1) is None
