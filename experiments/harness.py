@@ -605,6 +605,10 @@ class Experiment:
     replicate: ``replicate(config, seeds, seed_offset) -> config``: the committed design reduced
       to its main arms, run with ``seeds`` fresh seeds starting at ``seed_offset``
       (``reproduce.py --replicate``).
+    pinned: whether the table's units start from a pinned testbed (a trained start or a
+      dataset); a replication of such a table runs from the committed table's testbeds. A table
+      with nothing to pin (models trained from their seeded initialisation on data it generates
+      from fixed seeds) sets False.
   """
 
   name: str
@@ -618,6 +622,7 @@ class Experiment:
   readme: str = ""
   full: Callable[[str, str], tuple[dict, dict]] | None = None
   replicate: Callable[[dict, int, int], dict] | None = None
+  pinned: bool = True
 
 
 def digest(spec: Mapping) -> str:
@@ -1315,7 +1320,7 @@ def replicate(exp: Experiment, out_dir: str, *, seeds: int | None = None,
   config = exp.replicate(old, seeds, seed_offset)
   units = exp.units(config)
   beds, committed_beds = testbeds_in([u.spec for u in units.values()]), committed.get("testbeds")
-  if not committed_beds or beds != committed_beds:
+  if (exp.pinned and not committed_beds) or beds != (committed_beds or []):
     raise ValueError(
         f"{os.path.join(out_dir, 'results.json')} started from "
         f"{'testbeds ' + ', '.join(committed_beds) if committed_beds else 'an unpinned start'}, "

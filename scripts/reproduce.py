@@ -15,7 +15,7 @@ Each entry of ``EXPERIMENTS`` names a module whose ``EXPERIMENT`` is an
 per-seed results in ``--out`` with the current statistics, without training. A full run (or a
 re-judge) into the default ``results/<name>`` also rewrites the results block at the end of the
 module's docstring and the generated section of its README (``experiments/docsync.py``).
-``--replicate`` reruns the table's main arms from its pinned testbed with seeds it did not use
+``--replicate`` reruns the table's main arms from its pinned testbeds with seeds it did not use
 (``--seeds K``, from ``--seed-offset S``) and writes, per claim, the committed and the new
 interval and whether they agree (``--out/replication.md``). ``--full --runs DIR`` judges
 full-size runs instead (the ``experiments/*/full.py`` arms, one

@@ -264,6 +264,13 @@ def plot(report: dict, out_dir: str) -> list[str]:
   return files
 
 
+def replicate(config: dict, seeds: int, seed_offset: int) -> dict:
+  """The committed sweep at fresh seeds (every setting: the claims compare settings and the
+  averages of each run)."""
+  return dict(config, seeds=seeds, seed_offset=seed_offset)
+
+
 EXPERIMENT = harness.Experiment(name="averaging", get_config=get_config, units=units,
                                 summarize=summarize, render=render, plot=plot, collect=collect,
-                                module="experiments.averaging", readme=README)
+                                module="experiments.averaging", readme=README,
+                                replicate=replicate, pinned=False)

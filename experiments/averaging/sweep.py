@@ -59,6 +59,7 @@ class SweepConfig:
   mwa_p: float = 8.0  # the pre-declared penalty of the MWA claims (loss^-p)
   model: lm.ModelConfig = lm.ModelConfig(layers=1, hidden=64, mlp=128)
   language_seed: int = 0
+  seed_offset: int = 0  # the first seed (a replication runs seeds the table did not use)
 
   @property
   def lag_matched_decay(self) -> float:
@@ -68,7 +69,7 @@ class SweepConfig:
     out = []
     for sched, lrs in (("constant", self.lrs), ("cosine", self.decay_lrs)):
       for lr in lrs:
-        for s in range(self.seeds):
+        for s in range(self.seed_offset, self.seed_offset + self.seeds):
           out.append({"lr": float(lr), "schedule": sched, "seed": s})
     return out
 

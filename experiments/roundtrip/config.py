@@ -136,6 +136,7 @@ class ExperimentConfig:
   seeds: seeds of each system (a plan's ``max_seeds`` caps its own).
   coverage: the kept fraction for selective prediction (the paper's 80%).
   data_seed: the datasets' seed (data is fixed across model seeds).
+  seed_offset: the first model seed (a replication runs seeds the table did not use).
   pilot_sd, min_effect, min_seeds: where ``seeds`` came from (``stats.seeds_needed``; None when
     it was not derived from power).
   """
@@ -147,6 +148,11 @@ class ExperimentConfig:
   pilot_sd: float | None = None
   min_effect: float | None = None
   min_seeds: int | None = None
+  seed_offset: int = 0
+
+  def seed_ids(self, plan: SystemPlan) -> range:
+    """The model seeds of ``plan``'s system."""
+    return range(self.seed_offset, self.seed_offset + plan.num_seeds(self.seeds))
 
   def plan(self, name: str) -> SystemPlan:
     for p in self.plans:

@@ -157,6 +157,18 @@ def solve(stepper, truth: np.ndarray, depth: int, steps: list[int], lr: float) -
           "t_step": elapsed / max(steps)}
 
 
+def seed_ids(config: dict) -> range:
+  """The model seeds: ``seeds`` of them from ``seed_offset`` (a replication runs seeds the table
+  did not use)."""
+  first = config.get("seed_offset", 0)
+  return range(first, first + config["seeds"])
+
+
+def replicate(config: dict, seeds: int, seed_offset: int) -> dict:
+  """The committed design at fresh model seeds on the same pinned dataset."""
+  return dict(config, seeds=seeds, seed_offset=seed_offset)
+
+
 def run_seed(config: dict, seed: int, progress) -> dict:
   import jax
 
@@ -187,7 +199,7 @@ def run_seed(config: dict, seed: int, progress) -> dict:
 def units(config: dict) -> dict:
   plan = _plan(config)
   out = {}
-  for seed in range(config["seeds"]):
+  for seed in seed_ids(config):
     spec = dict(plan.unit_spec("bidir", seed, config["data_seed"]),
                 **{k: config[k] for k in ("depths", "num_windows", "steps", "lrs")},
                 experiment="roundtrip_inverse")
@@ -198,7 +210,7 @@ def units(config: dict) -> dict:
 
 
 def collect(config: dict, results: dict) -> dict:
-  return {"per_seed": [results[f"s{s}"] for s in range(config["seeds"])]}
+  return {"per_seed": [results[f"s{s}"] for s in seed_ids(config)]}
 
 
 def seed_metrics(config: dict, s: dict) -> dict:
@@ -338,4 +350,5 @@ def plot(report: dict, out_dir: str) -> list[str]:
 
 EXPERIMENT = harness.Experiment(name="roundtrip_inverse", get_config=get_config, units=units,
                                 summarize=summarize, render=render, plot=plot, collect=collect,
-                                module="experiments.roundtrip.inverse", readme=README)
+                                module="experiments.roundtrip.inverse", readme=README,
+                                replicate=replicate)

@@ -458,6 +458,27 @@ def test_replication_refuses_another_start(tmp_path):
   assert not (tmp_path / "replication.md").exists()
 
 
+def test_replication_of_a_table_with_nothing_to_pin(tmp_path):
+  """A table declared ``pinned=False`` (its units start from their seeded initialisation)
+  replicates without testbeds; a pinned table whose committed run names none is refused."""
+  import dataclasses as dc
+
+  exp = _replicable([])
+  units = exp.units
+
+  def unpinned(config):
+    return {k: dc.replace(u, spec={n: v for n, v in u.spec.items() if n != "init_params"})
+            for k, u in units(config).items()}
+
+  exp = dc.replace(exp, units=unpinned)
+  harness.run(exp, _args(tmp_path, quick=False))
+  with pytest.raises(ValueError, match="started from an unpinned start"):
+    harness.replicate(exp, str(tmp_path), seeds=2, no_progress=True)
+  out = harness.replicate(dc.replace(exp, pinned=False), str(tmp_path), seeds=3,
+                          no_progress=True)
+  assert out["report"]["testbeds"] == [] and len(out["rows"]) == 1
+
+
 def test_near_notes_for_less_and_equivalence_claims():
   base = np.array([-0.01, 0.01, -0.005, 0.005, 0.0, 0.002])
   _, lo90, hi90 = stats.diff_interval(base, np.zeros(6), level=0.9)

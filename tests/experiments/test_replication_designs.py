@@ -1,0 +1,41 @@
+"""The replication designs of the round-trip and averaging tables: the committed design at
+fresh seeds, on the same pinned datasets, with the table's seeds untouched by default."""
+
+from experiments import averaging, harness, roundtrip, testbeds
+from experiments.averaging import sweep
+from experiments.roundtrip import config as rt_config
+from experiments.roundtrip import inverse
+
+
+def test_roundtrip_replication_runs_every_kind_at_fresh_seeds_on_the_pinned_data():
+  committed = rt_config.get_config(False)
+  config = roundtrip.EXPERIMENT.replicate(committed, 4, 1000)
+  units = roundtrip.units(config)
+  kdv = [u.spec for u in units.values() if u.spec["system"] == "kdv1d"]
+  ks = [u.spec for u in units.values() if u.spec["system"] == "ks1d"]
+  kinds = set(rt_config.ExperimentConfig.from_dict(committed).plan("kdv1d").kinds())
+  assert {s["seed"] for s in kdv} == {1000, 1001, 1002, 1003} and {s["kind"] for s in kdv} == kinds
+  assert {s["seed"] for s in ks} == {1000, 1001, 1002}  # ks1d stays capped at 3 seeds
+  assert harness.testbeds_in([u.spec for u in units.values()]) == harness.testbeds_in(
+      [u.spec for u in roundtrip.units(committed).values()]) == sorted(
+          testbeds.PINNED[n] for n in ("kdv1d-data0", "ks1d-data0"))
+  assert min(u.spec["seed"] for u in roundtrip.units(committed).values()) == 0
+
+
+def test_inverse_replication_runs_fresh_seeds_on_the_pinned_data():
+  committed = inverse.get_config(False)
+  units = inverse.units(inverse.EXPERIMENT.replicate(committed, 3, 500))
+  assert sorted(units) == ["s500", "s501", "s502"]
+  assert {u.spec["testbed"] for u in units.values()} == {testbeds.dataset_file("kdv1d", 0)}
+  assert sorted(inverse.units(committed))[0] == "s0"
+
+
+def test_averaging_replication_runs_every_setting_at_fresh_seeds_without_a_testbed():
+  committed = averaging.get_config(False)
+  config = averaging.EXPERIMENT.replicate(committed, 4, 1000)
+  runs = averaging.sweep_config(config).runs()
+  assert {r["seed"] for r in runs} == {1000, 1001, 1002, 1003}
+  settings = {(r["schedule"], r["lr"]) for r in runs}
+  assert settings == {(r["schedule"], r["lr"]) for r in sweep.SweepConfig().runs()}
+  assert not averaging.EXPERIMENT.pinned and harness.testbeds_in(config) == []
+  assert {r["seed"] for r in averaging.sweep_config(committed).runs()} == set(range(8))
