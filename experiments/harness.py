@@ -1270,7 +1270,9 @@ def replication_markdown(name: str, committed: Mapping, new: Mapping, rows: list
   agree = sum(r["agree"] for r in rows)
   nc, nn = committed.get("config", {}), new.get("config", {})
   lines = [f"# Replication of `{name}`", "",
-           f"`{command_line}`: the table's main arms rerun from its pinned start with "
+           f"`{command_line}`: the table's main arms rerun "
+           f"{'from its pinned testbeds' if new.get('testbeds') else 'from their seeded start'} "
+           "with "
            f"{nn.get('seeds')} fresh seeds (from {nn.get('seed_offset', 0)}; the committed table "
            f"used {nc.get('seeds')} seeds from {nc.get('seed_offset', 0)}).", "",
            f"- Committed: commit {committed.get('machine', {}).get('commit', '?')} on "

@@ -44,6 +44,8 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 VARIANTS = {"default": "", "avx2": "--xla_cpu_max_isa=AVX2", "default-again": ""}
+# The report's parts that --add-host and --old-code add (a rerun of the variants keeps them).
+ADDED = ("hosts", "host_notes", "old_code")
 SEEDS = (0, 1)
 
 
@@ -130,11 +132,11 @@ def main(argv=None) -> dict:
   report = {"experiment": "portability", "command": "python -m experiments.portability"
             + (f" --steps {args.steps}" if args.steps != 20 else ""), "steps": args.steps,
             "seeds": list(SEEDS), "variants": rows, "machine": harness.machine()}
-  harness.write_json(os.path.join(args.out, "results.json"), report)
-  text = render(report)
-  harness._write_text(os.path.join(args.out, "table.md"), text)
-  print(text)
-  return report
+  # What --add-host and --old-code added stays: they were measured elsewhere or separately.
+  if os.path.isfile(os.path.join(args.out, "results.json")):
+    before = _read(args.out)
+    report.update({k: before[k] for k in ADDED if k in before})
+  return _save(report, args.out)
 
 
 def _read(out: str) -> dict:
@@ -155,11 +157,33 @@ def _save(report: dict, out: str) -> dict:
   return report
 
 
+def _leaves(path: str) -> dict:
+  """The named arrays of an .npz file (ValueError naming it when it cannot be read)."""
+  import zipfile
+
+  import numpy as np
+
+  try:
+    with np.load(path, allow_pickle=False) as z:
+      return {k: z[k] for k in z.files}
+  except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+    raise ValueError(f"{path}: not a readable .npz ({e})") from None
+
+
+def _max_abs_diff(path: str, pin_path: str) -> float:
+  """The largest absolute difference between the leaves of ``path`` and the pin's, leaf by leaf
+  by name (ValueError when their names or shapes differ)."""
+  import numpy as np
+
+  a, pin = _leaves(path), _leaves(pin_path)
+  if set(a) != set(pin) or any(a[k].shape != pin[k].shape for k in pin):
+    raise ValueError(f"{path}: its leaves are not the pinned start's (names or shapes differ)")
+  return float(max(np.max(np.abs(a[k].astype(np.float64) - pin[k])) for k in pin))
+
+
 def add_host(host_dir: str, label: str | None, out: str, note: str = "") -> dict:
   """Adds the variants ``scripts/portability_host.sh`` recorded in ``host_dir`` to the report in
   ``out`` as host ``label``, each SFT start compared with the pinned one."""
-  import numpy as np
-
   from experiments import testbeds
 
   if not label:
@@ -176,13 +200,12 @@ def add_host(host_dir: str, label: str | None, out: str, note: str = "") -> dict
       lines = f.read().strip().splitlines()
     try:
       row = json.loads(lines[-1])
-    except (IndexError, json.JSONDecodeError):
+      sft_file = row.pop("sft_file")
+    except (IndexError, json.JSONDecodeError, KeyError, AttributeError):
       raise ValueError(f"{record_path}: its last line is not a variant's record (did the variant "
                        "finish? see err.txt beside it)") from None
-    npz = os.path.join(host_dir, name, os.path.basename(row.pop("sft_file")))
-    with np.load(npz) as z, np.load(testbeds.path("b23-sft")) as pin:
-      row["sft_max_abs_diff_vs_pin"] = float(max(
-          np.max(np.abs(z[k].astype(np.float64) - pin[k])) for k in pin.files))
+    npz = os.path.join(host_dir, name, os.path.basename(sft_file))
+    row["sft_max_abs_diff_vs_pin"] = _max_abs_diff(npz, testbeds.path("b23-sft"))
     rows[name] = row
   if not rows:
     raise ValueError(f"{host_dir} holds no VARIANT/record.json")
@@ -202,7 +225,7 @@ t0 = time.perf_counter()
 sz = ace.sizes(False)
 arm = ace.arm_config(ace.base_config(sz), None, kl_coef=0.0)
 if arm.get("init_params"):
-  raise SystemExit("this commit's ACE design loads a pinned start: nothing to retrain")
+  sys.exit(3)  # this commit's ACE design loads a pinned start: nothing to retrain
 with tempfile.TemporaryDirectory() as cache:
   tr = rl.make_train(dict(arm, cache_dir=cache), log=lambda s: None)
   params = jax.device_get(tr.init_state().params)
@@ -226,22 +249,27 @@ def old_code(commit: str, out: str) -> dict:
                         cwd=ROOT, capture_output=True, text=True)
   if full.returncode:
     raise ValueError(f"--old-code {commit}: not a commit of this repository")
-  sha = full.stdout.strip()[:7]
+  full_sha = full.stdout.strip()
+  sha = full_sha[:7]
   with tempfile.TemporaryDirectory() as tmp:
     tree = os.path.join(tmp, "tree")
     os.makedirs(tree)
-    archive = subprocess.run(["git", "archive", sha], cwd=ROOT, capture_output=True, check=True)
+    archive = subprocess.run(["git", "archive", full_sha], cwd=ROOT, capture_output=True,
+                             check=True)
     subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
     leaves = os.path.join(tmp, "sft.npz")
     env = dict(os.environ, HOME=os.path.join(tmp, "home"), PYTHONPATH=tree)
     run = subprocess.run([sys.executable, "-c", _OLD_CODE_CHILD, leaves], cwd=tree, env=env,
                          capture_output=True, text=True, timeout=3600)
+    if run.returncode == 3:
+      raise ValueError(f"--old-code {sha}: its ACE design loads a pinned start; name a commit "
+                       "from before the pin")
     if run.returncode:
       raise RuntimeError(f"commit {sha}'s SFT retraining failed: {run.stderr[-2000:]}")
     row = json.loads(run.stdout.strip().splitlines()[-1])
-    with np.load(leaves) as old, np.load(testbeds.path("b23-sft")) as pin:
-      by_bytes = sorted(old[k].tobytes() for k in old.files)
-      row["bitwise_equal_to_pin"] = by_bytes == sorted(pin[k].tobytes() for k in pin.files)
+    old, pin = _leaves(leaves), _leaves(testbeds.path("b23-sft"))
+    row["bitwise_equal_to_pin"] = set(old) == set(pin) and all(
+        old[k].dtype == pin[k].dtype and np.array_equal(old[k], pin[k]) for k in pin)
   row["machine"] = harness.machine()
   report.setdefault("old_code", {})[sha] = row
   return _save(report, out)

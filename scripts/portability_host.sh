@@ -5,9 +5,12 @@
 # cache), concurrently, under `timeout`.
 #   bash scripts/portability_host.sh OUT_DIR [SECONDS]
 # Writes OUT_DIR/host.txt, OUT_DIR/err.txt and per variant OUT_DIR/VARIANT/{record.json,*.npz};
-# `python -m experiments.portability --host-dir OUT_DIR` adds them to results/portability.
+# `python -m experiments.portability --add-host OUT_DIR --label NAME` adds them to
+# results/portability.
 set -u
 out=${1:?usage: portability_host.sh OUT_DIR [SECONDS]}
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/.."
 limit=${2:-480}
 py=${PYTHON:-python3}
 mkdir -p "$out"

@@ -15,7 +15,8 @@ an undertrained model are trained beside it. Plans: ``config.py``; one unit: ``u
 per-seed statistics: ``analysis.py``; claims as data: ``claims.py``; tables and plots:
 ``report.py``. The experiment is ``EXPERIMENT`` on ``experiments/harness.py``: one cached unit per
 (system, model kind, seed), whose per-seed statistics ``collect`` keeps in ``results.json`` (with
-seed 0's scatter of C_i against E_i), so that ``--rejudge`` and the plots need only that file.
+the first seed's scatter of C_i against E_i), so that ``--rejudge`` and the plots need only that
+file.
 
 Claims: one-sample claims about pre-declared per-seed summaries (a rule made "at every depth" is
 judged on the seed's worst depth, a "depth mean" rule on the seed's mean over depths; one test
@@ -130,7 +131,8 @@ def _arrays(result: dict) -> dict:
 
 def collect(config: dict, results: dict) -> dict:
   """What results.json keeps: per system, the per-seed statistics (``analysis.seed_metrics``),
-  seed 0's scatter (``analysis.scatter``), the units' metadata and descriptions for the report."""
+  the first seed's scatter (``analysis.scatter``), the units' metadata and descriptions for the
+  report."""
   from rlpost.dynamics import systems as systems_lib
 
   cfg = cfg_lib.ExperimentConfig.from_dict(config)

@@ -309,7 +309,7 @@ def _save(fig, plt, out_dir: str, name: str) -> str:
 
 
 def plot_scatter(report: dict, out_dir: str) -> str:
-  """C_i vs E_i on test rollouts (seed 0's kept sample), one panel per (system, depth)."""
+  """C_i vs E_i on test rollouts (the first seed's kept sample), one panel per (system, depth)."""
   plt = _plt()
   systems = report["data"]["systems"]
   names = _names(report)
@@ -367,7 +367,7 @@ def plot_risk_coverage(report: dict, out_dir: str) -> str:
 
 
 def plot_calibration(report: dict, out_dir: str) -> str:
-  """Predicted (median, 68% and 95% bands) vs observed test errors, seed 0, by depth."""
+  """Predicted (median, 68% and 95% bands) vs observed test errors, the first seed, by depth."""
   plt = _plt()
   systems = report["data"]["systems"]
   names = _names(report)
@@ -418,8 +418,8 @@ def plot_directions(report: dict, out_dir: str) -> str:
 
 
 def plots(report: dict, out_dir: str) -> list[str]:
-  """Every plot whose data ``report`` holds (a results.json without seed 0's scatter, written
-  before it was kept, leaves the scatter and calibration plots as they are)."""
+  """Every plot whose data ``report`` holds (a results.json without the first seed's scatter,
+  written before it was kept, leaves the scatter and calibration plots as they are)."""
   out = [plot_risk_coverage(report, out_dir), plot_directions(report, out_dir)]
   if all("scatter" in s for s in report["data"]["systems"].values()):
     out += [plot_scatter(report, out_dir), plot_calibration(report, out_dir)]

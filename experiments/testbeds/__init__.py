@@ -1,17 +1,19 @@
-"""The committed starting points of the paper tables (pinned testbeds).
+"""The committed starting points and datasets of the paper tables (pinned testbeds).
 
-A table that starts from a trained policy loads it from a file committed here,
-``<name>-<digest>.npz`` (``rlpost.train.pinned``: the digest is a hash of the weights, checked on
-every load), instead of retraining it on each machine: the same SFT config and seed gave pass@1
-0.255 on one host and 0.158 on another, and the tables' verdicts moved with it.
+A table that starts from a trained policy, or reads a generated dataset, loads it from a file
+committed here, ``<name>-<digest>.npz`` (``rlpost.train.pinned``: the digest is a hash of the
+arrays, checked on every load), instead of making it again on each machine: the same SFT config
+and seed gave pass@1 0.255 on one host and 0.158 on another, and the tables' verdicts moved
+with it.
 
 Two kinds: ``RECIPES`` says how each trained start was made (an RLConfig dict whose SFT warm start
 is the testbed), ``DATA`` how each generated dataset was made (the round-trip tables' systems,
 ``rlpost.dynamics.data.load_all``: four splits integrated in float64 by a pseudo-spectral solver,
-stored as float32 ``{split: [N, T, X, F]}``). ``PINNED`` names the digest the tables load. ``python scripts/testbed.py build NAME``
-retrains a testbed from its recipe, writes a new file beside the old one with a manifest
-(recipe, machine, commit) and prints its digest; the tables move to it only when ``PINNED`` is
-edited, which changes every unit's cache key, so a table never mixes units of two starts.
+stored as float32 ``{split: [N, T, X, F]}``). ``PINNED`` names the digest the tables load.
+``python scripts/testbed.py build NAME`` makes a testbed again from its recipe, writes a new file
+beside the old one with a manifest (recipe, machine, commit) and prints its digest; the tables
+move to it only when ``PINNED`` is edited, which changes their units' cache keys, so a table
+never mixes units of two starts or of two datasets of one system.
 """
 
 from __future__ import annotations

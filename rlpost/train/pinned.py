@@ -1,4 +1,5 @@
-"""Pinned starting policies: a parameter tree stored as one ``.npz`` named by its content digest.
+"""Pinned testbeds: a tree of arrays (a starting policy's parameters, or a dataset's splits)
+stored as one ``.npz`` named by its content digest.
 
 A table that starts from a trained policy (an SFT warm start) loads it from a committed file
 ``<name>-<digest>.npz`` instead of retraining it, so every machine starts from the same weights.
@@ -9,7 +10,8 @@ a file whose content does not match its name (damaged, edited or renamed), and a
 structure, shapes or dtypes differ from the model's.
 
 The config key ``init_params`` (``rlpost.train.rl_config``) names such a file for the character
-model; ``scripts/testbed.py build`` makes one and prints its digest.
+model; the round-trip tables load their datasets the same way (``experiments/testbeds``).
+``scripts/testbed.py build`` makes one and prints its digest.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ _NAME = re.compile(r"^(?P<name>.+)-(?P<digest>[0-9a-f]{%d})\.npz$" % DIGEST_LEN)
 
 
 class PinnedError(ValueError):
-  """A pinned policy file that cannot be used (named in the message)."""
+  """A pinned file that cannot be used (named in the message)."""
 
 
 def _leaves(tree: Any) -> list[tuple[str, np.ndarray]]:
@@ -51,7 +53,7 @@ def parse_name(path: str) -> tuple[str, str]:
   """(name, digest) of a pinned file's name ``<name>-<16 hex digits>.npz``."""
   m = _NAME.match(os.path.basename(path))
   if m is None:
-    raise PinnedError(f"{path}: a pinned policy is named <name>-<{DIGEST_LEN} hex digits>.npz "
+    raise PinnedError(f"{path}: a pinned file is named <name>-<{DIGEST_LEN} hex digits>.npz "
                       "(scripts/testbed.py build writes one)")
   return m["name"], m["digest"]
 
@@ -81,7 +83,7 @@ def load(path: str, like: Any) -> Any:
   after checking that its content digest equals the one in its name."""
   _, want = parse_name(path)
   if not os.path.isfile(path):
-    raise PinnedError(f"{path}: no such pinned policy file")
+    raise PinnedError(f"{path}: no such pinned file")
   try:
     with np.load(path, allow_pickle=False) as z:
       stored = {k: z[k] for k in z.files}
@@ -92,8 +94,9 @@ def load(path: str, like: Any) -> Any:
   missing = [k for k in keys if k not in stored]
   extra = sorted(set(stored) - set(keys))
   if missing or extra:
-    raise PinnedError(f"{path}: its parameters do not fit the model (missing {missing[:3]}, "
-                      f"unexpected {extra[:3]}); was it built for another model config?")
+    raise PinnedError(f"{path}: its arrays do not fit what it is loaded into (missing "
+                      f"{missing[:3]}, unexpected {extra[:3]}); was it built for another model "
+                      "config or dataset?")
   leaves = []
   for k, (_, leaf) in zip(keys, flat):
     x = stored[k]

@@ -4,6 +4,8 @@ variants it records moved where the README says they did."""
 import json
 import os
 
+import numpy as np
+
 from experiments import portability
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,14 +31,13 @@ def test_committed_table_renders_from_its_results():
   assert v["default"]["sft_digest"] == testbeds.PINNED["b23-sft"]
   # Another host (CPU model, jax version, a GPU): other starts; the RL arm from the pin agrees
   # on pass@1 within 0.003 per seed (the README's statement).
-  for host in report.get("hosts", {}).values():
+  assert report["hosts"] and report["old_code"]
+  for host in report["hosts"].values():
     for r in host.values():
       assert r["sft_digest"] != v["default"]["sft_digest"] and r["sft_max_abs_diff_vs_pin"] > 0
       assert max(abs(a - b) for a, b in zip(r["rl_pass1"], v["default"]["rl_pass1"])) <= 0.003
-
-
   # Older code (before the pin) retrains, on this host's code path, the pinned start itself.
-  for r in report.get("old_code", {}).values():
+  for r in report["old_code"].values():
     assert r["bitwise_equal_to_pin"]
 
 
@@ -90,3 +91,38 @@ def test_add_host_refuses_what_it_cannot_read(tmp_path):
     portability.add_host(str(host), "", str(out))
   with pytest.raises(ValueError, match="is not a directory"):
     portability.add_host(str(tmp_path / "missing"), "x", str(out))
+  # A record without its file, and a file of another model: one line naming the file.
+  (host / "cpu" / "record.json").write_text('{"sft_digest": "x"}\n')
+  with pytest.raises(ValueError, match=r"cpu/record.json: its last line is not a variant"):
+    portability.add_host(str(host), "x", str(out))
+  (host / "cpu" / "record.json").write_text('{"sft_file": "cpu-x.npz"}\n')
+  np.savez(host / "cpu" / "cpu-x.npz", w=np.zeros(3))
+  with pytest.raises(ValueError, match=r"cpu-x.npz: its leaves are not the pinned start's"):
+    portability.add_host(str(host), "x", str(out))
+
+
+def test_a_rerun_of_the_variants_keeps_what_was_added(tmp_path, monkeypatch):
+  with open(os.path.join(OUT, "results.json")) as f:
+    committed = json.load(f)
+  (tmp_path / "results.json").write_text(json.dumps(committed))
+  calls = []
+
+  class Done:
+    returncode = 0
+    stdout = json.dumps(dict(committed["variants"]["default"], sft_file=str(tmp_path / "s.npz")))
+
+  def fake_run(cmd, **kw):
+    calls.append(cmd)
+    return Done()
+
+  import shutil
+
+  from experiments import testbeds
+
+  shutil.copy(testbeds.path("b23-sft"), tmp_path / "s.npz")
+  monkeypatch.setattr(portability.subprocess, "run", fake_run)
+  report = portability.main(["--out", str(tmp_path)])
+  assert len([c for c in calls if "--variant" in c]) == len(portability.VARIANTS)
+  for key in portability.ADDED:
+    assert report[key] == committed[key]
+  assert json.loads((tmp_path / "results.json").read_text())["hosts"] == committed["hosts"]

@@ -1,6 +1,8 @@
 """The replication designs of the round-trip and averaging tables: the committed design at
 fresh seeds, on the same pinned datasets, with the table's seeds untouched by default."""
 
+import numpy as np
+
 from experiments import averaging, harness, roundtrip, testbeds
 from experiments.averaging import sweep
 from experiments.roundtrip import config as rt_config
@@ -37,5 +39,28 @@ def test_averaging_replication_runs_every_setting_at_fresh_seeds_without_a_testb
   assert {r["seed"] for r in runs} == {1000, 1001, 1002, 1003}
   settings = {(r["schedule"], r["lr"]) for r in runs}
   assert settings == {(r["schedule"], r["lr"]) for r in sweep.SweepConfig().runs()}
-  assert not averaging.EXPERIMENT.pinned and harness.testbeds_in(config) == []
+  assert not averaging.EXPERIMENT.pinned
   assert {r["seed"] for r in averaging.sweep_config(committed).runs()} == set(range(8))
+
+
+def test_collect_reads_the_units_of_the_runs_own_seeds(monkeypatch):
+  """collect keys units by the run's seeds (from seed_offset), in order, for the round trip
+  (the scatter from the first of them) and the inverse table."""
+  from experiments.roundtrip import analysis
+
+  config = roundtrip.EXPERIMENT.replicate(rt_config.get_config(True), 2, 1000)
+  cfg = rt_config.ExperimentConfig.from_dict(config)
+  win = {"test_traj": 1, "starts": 1, "test": 1, "train": 1, "ood": 1}
+  results = {f"{p.name}-{kind}-s{seed}": {"windows": win, "num_params": 1, "kind": kind,
+                                          "tag": np.asarray(seed)}
+             for p in cfg.plans for seed in cfg.seed_ids(p) for kind in p.kinds()}
+  monkeypatch.setattr(analysis, "seed_metrics",
+                      lambda got, *a, **k: {"seed": int(got["bidir"]["tag"])})
+  monkeypatch.setattr(analysis, "scatter", lambda r, depths: {"from_seed": int(r["tag"])})
+  out = roundtrip.collect(config, results)["systems"]
+  for plan in cfg.plans:
+    assert [m["seed"] for m in out[plan.name]["per_seed"]] == [1000, 1001]
+    assert out[plan.name]["scatter"] == {"from_seed": 1000, "seed": 0}  # per_seed index 0
+  inv = inverse.EXPERIMENT.replicate(inverse.get_config(True), 2, 7)
+  got = inverse.collect(inv, {"s7": {"seed": 7}, "s8": {"seed": 8}})
+  assert [s["seed"] for s in got["per_seed"]] == [7, 8]

@@ -46,7 +46,7 @@ def test_digest_is_of_the_content_and_checked_on_load(tmp_path):
   with pytest.raises(pinned.PinnedError, match=r"kernel.* is float32\[2, 3\], the model's is "
                                                r"float32\[3, 2\]"):
     pinned.load(other, {"b": {"kernel": np.zeros((3, 2), np.float32)}, "a": np.ones(4, np.int32)})
-  with pytest.raises(pinned.PinnedError, match="do not fit the model"):
+  with pytest.raises(pinned.PinnedError, match="do not fit what it is loaded into"):
     pinned.load(other, {"c": np.ones(4, np.int32)})
   with pytest.raises(pinned.PinnedError, match="is named <name>-"):
     pinned.parse_name("start.npz")
@@ -108,8 +108,8 @@ def test_testbed_command_verifies_the_committed_start():
 
 def test_dataset_testbeds_are_what_the_roundtrip_tables_load():
   """The pinned datasets have the splits and shapes of their recipe, the round-trip units name
-  the file they load (so its digest is in their cache key and in the table's testbeds), and
-  a system without a pinned dataset is integrated as before."""
+  the file they load (so its digest is in their cache key and in the table's testbeds), and a
+  system without a pinned dataset names none (its data is integrated when the table runs)."""
   from experiments import harness, roundtrip, testbeds
   from experiments.roundtrip import config as rt_config
   from rlpost.dynamics import data as data_lib
