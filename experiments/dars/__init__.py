@@ -50,7 +50,7 @@ numbers as its first run, whose 62.8 min included about 15 minutes of other jobs
 
 Results on this CPU (generated from results/dars/table.md; do not edit by hand):
 
-`python scripts/reproduce.py dars`: 8 seeds per arm (8 from power: pilot SD 0.0075, minimum effect 0.02, 80% power, alpha 0.05; floor 8), 100 RL steps (breadth arms: 25 steps of 4x the prompts), band 2-3 digit addition, 0/1 reward, 64 prompts per step, lr 0.0001, DARS objective. Primary metrics: test pass@64 and pass@1 (200 problems x 64 samples), the mean of each seed's last 3 evaluations. Minimum detectable effect of the claims: 0.004-0.025. Wall time: 55.0 min of training and evaluation over all arms (this invocation 55.0 min; cached arms are not rerun). Run on x86_64 (CPU model not recorded), 2 CPU cores, jax 0.10.2 on cpu at commit 958d252, from an SFT start retrained on that machine (results older than pinned testbeds). Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key). SFT start: pass@1 0.148, pass@4 0.389, pass@16 0.676, pass@64 0.840, pass@1 (3-digit) 0.096, pass@4 (3-digit) 0.284, pass@16 (3-digit) 0.541, pass@64 (3-digit) 0.731.
+`python scripts/reproduce.py dars`: 8 seeds per arm (8 from power: pilot SD 0.0075, minimum effect 0.02, 80% power, alpha 0.05; floor 8), 100 RL steps (breadth arms: 25 steps of 4x the prompts), band 2-3 digit addition, 0/1 reward, 64 prompts per step, lr 0.0001, DARS objective. Primary metrics: test pass@64 and pass@1 (200 problems x 64 samples), the mean of each seed's last 3 evaluations. Minimum detectable effect of the claims: 0.012-0.026. Wall time: 110.2 min of training and evaluation over all arms (this invocation 21.7 min; cached arms are not rerun). Run on AMD EPYC, 2 CPU cores, jax 0.10.2 on cpu at commit 75d114a, from the pinned testbed 2fd651497158c750 (experiments/testbeds). Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key). SFT start: pass@1 0.247, pass@4 0.473, pass@16 0.691, pass@64 0.855, pass@1 (3-digit) 0.189, pass@4 (3-digit) 0.410, pass@16 (3-digit) 0.595, pass@64 (3-digit) 0.769.
 
 ## Paper claims
 
@@ -58,7 +58,7 @@ The gate (grpo-n8's pass@1 over the SFT start, one-sample t against it) must pas
 
 | claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
 | --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| grpo-n8 gains pass@1 over the SFT start | grpo-n8 - 0.148047: +0.087 [+0.084, +0.090] | 0 | 1.82e-11 (1.82e-11) | 0.00391 | 8 | 0.004 | f0d156c | reproduced |
+| grpo-n8 gains pass@1 over the SFT start | grpo-n8 - 0.246641: +0.091 [+0.082, +0.100] | 0 | 2.36e-08 (2.36e-08) | 0.00391 | 8 | 0.011 | f0d156c | reproduced |
 
 Gate passed: the base learns.
 
@@ -66,15 +66,15 @@ Gate passed: the base learns.
 
 | claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
 | --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| naively larger N gives no pass@64 gain | grpo-n16: -0.014 [-0.031, +0.004] | 0.02 | 0.000548 (0.00329) | 0.0007 | 8 vs 8 | 0.024 | 8b6ce4f | reproduced |
-| DARS improves pass@64 | dars-et: +0.011 [-0.006, +0.029] | 0.02 | 0.0929 (0.279) | 0.0997 | 8 vs 8 | 0.025 | 8b6ce4f | inconclusive |
-| DARS improves pass@64 over the naive N of the same sampled rollouts | dars-et: +0.025 [+0.009, +0.041] | 0.02 | 0.00215 (0.0108) | 0.0035 | 8 vs 8 | 0.022 | f0d156c | reproduced |
-| breadth improves pass@1 | grpo-b: -0.003 [-0.006, +0.001] | 0.02 | 0.941 (1) | 0.942 | 8 vs 8 | 0.005 | f0d156c | not reproduced |
-| DARS-B improves pass@1 | dars-b: -0.002 [-0.005, +0.001] | 0.02 | 0.869 (1) | 0.878 | 8 vs 8 | 0.004 | 8b6ce4f | not reproduced |
-| DARS-B improves pass@64 | dars-b: +0.067 [+0.051, +0.084] | 0.02 | 5.78e-07 (4.05e-06) | 0.0001 | 8 vs 8 | 0.023 | 8b6ce4f | reproduced |
-| depth adds pass@64 on top of breadth | dars-b: +0.016 [+0.006, +0.027] | 0.02 | 0.00273 (0.0109) | 0.0024 | 8 vs 8 | 0.014 | f0d156c | reproduced; near its threshold (the deciding bound is 0.005 from it, under half the minimum detectable effect 0.014) |
+| naively larger N gives no pass@64 gain | grpo-n16: +0.004 [-0.012, +0.020] | 0.02 | 0.0221 (0.11) | 0.0259 | 8 vs 8 | 0.021 | 8b6ce4f | inconclusive |
+| DARS improves pass@64 | dars-et: +0.009 [-0.010, +0.027] | 0.02 | 0.167 (0.501) | 0.171 | 8 vs 8 | 0.026 | 8b6ce4f | inconclusive |
+| DARS improves pass@64 over the naive N of the same sampled rollouts | dars-et: +0.005 [-0.011, +0.020] | 0.02 | 0.261 (0.501) | 0.275 | 8 vs 8 | 0.021 | f0d156c | not reproduced; near its threshold (the deciding bound is 0.003 from it, under half the minimum detectable effect 0.021) |
+| breadth improves pass@1 | grpo-b: +0.004 [-0.005, +0.013] | 0.02 | 0.181 (0.501) | 0.174 | 8 vs 8 | 0.012 | f0d156c | not reproduced |
+| DARS-B improves pass@1 | dars-b: +0.005 [-0.004, +0.014] | 0.02 | 0.101 (0.404) | 0.0934 | 8 vs 8 | 0.012 | 8b6ce4f | not reproduced |
+| DARS-B improves pass@64 | dars-b: +0.049 [+0.033, +0.064] | 0.02 | 1.21e-05 (8.44e-05) | 0.0001 | 8 vs 8 | 0.021 | 8b6ce4f | reproduced |
+| depth adds pass@64 on top of breadth | dars-b: +0.013 [+0.003, +0.023] | 0.02 | 0.00672 (0.0403) | 0.0076 | 8 vs 8 | 0.014 | f0d156c | reproduced; near its threshold (the deciding bound is 0.001 from it, under half the minimum detectable effect 0.014) |
 
-Statistics: Welch interval and one-sided Welch test; Welch interval and one-sided Welch test against +sesoi at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.0164; minimum detectable effect (80% power) 0.00426-0.0248.
+Statistics: Welch interval and one-sided Welch test; Welch interval and one-sided Welch test against +sesoi at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.0171; minimum detectable effect (80% power) 0.012-0.0257.
 
 Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome); a no-gain claim is *reproduced* when the one-sided test that a - b < +SESOI rejects (Holm-adjusted), *not reproduced* when its 95% interval lies wholly above +SESOI, *inconclusive* otherwise. A holding no-gain or equivalence claim whose difference is significantly non-zero says so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline.
 
