@@ -54,14 +54,10 @@ def _one(steps: int, out_dir: str, name: str) -> dict:
   import jax
 
   from experiments import ace, harness, rl_seeds, testbeds
-  from rlpost.train import config as config_lib
-  from rlpost.train import pinned, rl, setup
+  from rlpost.train import pinned, rl
 
   t0 = time.perf_counter()
-  recipe = testbeds.RECIPES["b23-sft"]
-  with tempfile.TemporaryDirectory() as cache:
-    cfg = config_lib.from_dict(rl.RLConfig, dict(recipe, cache_dir=cache))
-    start = setup.character_start(cfg, lambda s: None, progress=False)
+  start = testbeds.build("b23-sft", log=lambda s: None)
   sz = ace.sizes(False)
   arm = ace.arm_config(ace.base_config(sz), None, kl_coef=0.0)
   ev = dict(num_problems=sz.eval_problems, num_samples=sz.eval_samples)
@@ -105,8 +101,6 @@ def main(argv=None) -> dict:
     return add_host(args.add_host, args.label, args.out, args.note)
   if args.old_code:
     return old_code(args.old_code, args.out)
-  import numpy as np
-
   from experiments import harness
   from rlpost import paths
 
@@ -124,9 +118,7 @@ def main(argv=None) -> dict:
         raise RuntimeError(f"variant {name} failed: {out.stderr[-2000:]}")
       rows[name] = dict(json.loads(out.stdout.strip().splitlines()[-1]), xla_flags=flags)
       files[name] = rows[name].pop("sft_file")
-      with np.load(files[name]) as z, np.load(files["default"]) as d:
-        rows[name]["sft_max_abs_diff_vs_default"] = float(max(
-            np.max(np.abs(z[k].astype(np.float64) - d[k])) for k in d.files))
+      rows[name]["sft_max_abs_diff_vs_default"] = _max_abs_diff(files[name], files["default"])
       print(f"{name}: {rows[name]['sft_digest']} sft pass@1 "
             f"{rows[name]['sft_eval']['pass@1']:.4f}", flush=True)
   report = {"experiment": "portability", "command": "python -m experiments.portability"
@@ -157,25 +149,14 @@ def _save(report: dict, out: str) -> dict:
   return report
 
 
-def _leaves(path: str) -> dict:
-  """The named arrays of an .npz file (ValueError naming it when it cannot be read)."""
-  import zipfile
-
-  import numpy as np
-
-  try:
-    with np.load(path, allow_pickle=False) as z:
-      return {k: z[k] for k in z.files}
-  except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
-    raise ValueError(f"{path}: not a readable .npz ({e})") from None
-
-
 def _max_abs_diff(path: str, pin_path: str) -> float:
   """The largest absolute difference between the leaves of ``path`` and the pin's, leaf by leaf
   by name (ValueError when their names or shapes differ)."""
   import numpy as np
 
-  a, pin = _leaves(path), _leaves(pin_path)
+  from rlpost.train import pinned
+
+  a, pin = pinned.read(path), pinned.read(pin_path)
   if set(a) != set(pin) or any(a[k].shape != pin[k].shape for k in pin):
     raise ValueError(f"{path}: its leaves are not the pinned start's (names or shapes differ)")
   return float(max(np.max(np.abs(a[k].astype(np.float64) - pin[k])) for k in pin))
@@ -243,6 +224,7 @@ def old_code(commit: str, out: str) -> dict:
   import numpy as np
 
   from experiments import harness, testbeds
+  from rlpost.train import pinned
 
   report = _read(out)
   full = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
@@ -267,7 +249,7 @@ def old_code(commit: str, out: str) -> dict:
     if run.returncode:
       raise RuntimeError(f"commit {sha}'s SFT retraining failed: {run.stderr[-2000:]}")
     row = json.loads(run.stdout.strip().splitlines()[-1])
-    old, pin = _leaves(leaves), _leaves(testbeds.path("b23-sft"))
+    old, pin = pinned.read(leaves), pinned.read(testbeds.path("b23-sft"))
     row["bitwise_equal_to_pin"] = set(old) == set(pin) and all(
         old[k].dtype == pin[k].dtype and np.array_equal(old[k], pin[k]) for k in pin)
   row["machine"] = harness.machine()

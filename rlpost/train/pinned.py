@@ -78,17 +78,23 @@ def save(tree: Any, directory: str, name: str) -> str:
   return path
 
 
-def load(path: str, like: Any) -> Any:
-  """The tree in ``path`` with the structure of ``like`` (same leaf paths, shapes and dtypes),
-  after checking that its content digest equals the one in its name."""
-  _, want = parse_name(path)
+def read(path: str) -> dict[str, np.ndarray]:
+  """The arrays of an ``.npz`` file by leaf path, unchecked (``PinnedError`` naming a missing or
+  unreadable file)."""
   if not os.path.isfile(path):
     raise PinnedError(f"{path}: no such pinned file")
   try:
     with np.load(path, allow_pickle=False) as z:
-      stored = {k: z[k] for k in z.files}
+      return {k: z[k] for k in z.files}
   except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
     raise PinnedError(f"{path}: not a readable .npz ({e})") from None
+
+
+def load(path: str, like: Any) -> Any:
+  """The tree in ``path`` with the structure of ``like`` (same leaf paths, shapes and dtypes),
+  after checking that its content digest equals the one in its name."""
+  _, want = parse_name(path)
+  stored = read(path)
   flat, treedef = jax.tree_util.tree_flatten_with_path(like)
   keys = [jax.tree_util.keystr(p) for p, _ in flat]
   missing = [k for k in keys if k not in stored]
