@@ -55,7 +55,7 @@ Pre-declared metric: the excess loss at the final evaluation (step 1000), and fo
 
 Statistics: TOST (paired t), margin 0.01; Welch interval and one-sided Welch test; paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.00388; minimum detectable effect (80% power) 9.24e-05-0.00437.
 
-Rules (``experiments/harness.py``): "lower loss" is reproduced when the Holm-adjusted one-sided t test (paired for policies of the same runs, Welch across learning rates) gives p <= 0.05 and the 95% interval of a - b lies below 0, not reproduced when it lies above 0, inconclusive otherwise; "higher gain" and "higher accuracy" likewise with the signs flipped. "As good as" is an equivalence claim by TOST with margin 0.01 nats. The permutation p (exact sign-flip or relabeling, not adjusted) is reported beside it. "Tuned" EMA decays and post-hoc widths are chosen on the same evaluation set (optimistic baselines); the MWA claims' penalty (p = 8) is pre-declared. Min. detectable: the difference 80% power would find at these seeds and the pooled seed SD.
+Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome); an equivalence claim (margin 0.01) is *reproduced* when TOST rejects (Holm-adjusted), *not reproduced* when its 90% interval lies wholly outside the margin, *inconclusive* otherwise. A holding no-gain or equivalence claim whose difference is significantly non-zero says so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline. Policies of the same runs are compared by paired t tests, learning rates by Welch tests. "Tuned" EMA decays and post-hoc widths are chosen on the same evaluation set (optimistic baselines); the MWA claims' penalty (p = 8) is pre-declared.
 
 (end of generated results)
 """
@@ -150,17 +150,10 @@ def render(report: dict) -> str:
            "the true next-token distribution, no target sampling), so they exclude "
            "evaluation-data sampling error.", ""]
   lines += R.verdict_section(judged)
-  lines += ["Rules (``experiments/harness.py``): \"lower loss\" is reproduced when the "
-            "Holm-adjusted one-sided t test (paired for policies of the same runs, Welch across "
-            "learning rates) gives p <= 0.05 and the 95% interval of a - b lies below 0, not "
-            "reproduced when it lies above 0, inconclusive otherwise; \"higher gain\" and "
-            "\"higher accuracy\" likewise "
-            "with the signs flipped. \"As good as\" is an equivalence claim by TOST with margin "
-            f"{t3_methods.POSTHOC_MARGIN:g} nats. The permutation p (exact sign-flip or "
-            "relabeling, not adjusted) is reported beside it. \"Tuned\" EMA decays and post-hoc "
-            "widths are chosen on the same evaluation set (optimistic baselines); the MWA claims' "
-            f"penalty (p = {cfg.mwa_p:g}) is pre-declared. Min. detectable: the difference 80% power would find at these seeds and "
-            "the pooled seed SD.", ""]
+  lines += [harness.rules_note(judged) + " Policies of the same runs are compared by paired t "
+            "tests, learning rates by Welch tests. \"Tuned\" EMA decays and post-hoc widths are "
+            "chosen on the same evaluation set (optimistic baselines); the MWA claims' penalty "
+            f"(p = {cfg.mwa_p:g}) is pre-declared.", ""]
   for name, mod in TABLES:
     lines += [mod.markdown(s["tables"][name]), ""]
   return "\n".join(lines)

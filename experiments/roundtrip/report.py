@@ -243,14 +243,11 @@ def render(report: dict) -> str:
       *harness.verdict_rows(paper), "",
       harness.protocol_note(paper) or "No system decides: every paper verdict is inconclusive.",
       "",
-      "Rules (``experiments/roundtrip/claims.py``): a part is reproduced when its Holm-adjusted "
-      "one-sided t test rejects at 5% and its 95% t interval clears the threshold, not "
-      "reproduced when the interval lies wholly on the wrong side, inconclusive otherwise; a "
-      "coverage band is an equivalence claim (TOST, reproduced when both one-sided tests reject, "
-      "not reproduced when the 90% interval lies outside the band). Rules made at every depth "
-      "are judged on each seed's worst depth. The permutation p (one-sided, not adjusted) is "
-      f"reported beside; at {seeds} seeds its smallest value is 1/{2 ** seeds}"
-      + (", too coarse to decide." if 2 ** seeds < 40 else "."), ""]
+      harness.rules_note(paper) + " Rules made at every depth are judged on each seed's "
+      "worst depth. A claim is *not testable* on a system where an oracle ranking (by the true "
+      "error) is not shown to meet its rule (its parts keep their own verdicts; "
+      f"``experiments/roundtrip/claims.py``). At {seeds} seeds the permutation p's smallest "
+      f"value is 1/{2 ** seeds}" + (", too coarse to decide." if 2 ** seeds < 40 else "."), ""]
   for d in s["dropped"]:
     cells = "; ".join(f"{m}: " + ", ".join(f"{n} {_ci(c[n], 3)}" for n in names if n in c)
                       for m, c in d["cells"].items())
