@@ -129,8 +129,8 @@ class Verdict:
   equivalence claim the TOST interval at 1 - 2 alpha), the deciding test's raw and Holm-adjusted
   p-values, the permutation test's p-value (two-sided for an equivalence claim), the verdict, the
   seed counts, the seed SD (pooled over arms; of the differences when paired) and the minimum
-  detectable effect; ``note`` flags a holding no-gain or equivalence claim whose difference is
-  significantly non-zero, and a verdict decided by a bound within half a minimum detectable effect
+  detectable effect; ``note`` flags an equivalence claim (any verdict) or a holding no-gain claim
+  whose difference is significantly non-zero, and a verdict decided by a bound within half a minimum detectable effect
   of its threshold ("near its threshold": another start or seed set can flip it);
   ``p_equivalent`` is the TOST p of a directional claim against +-sesoi (None without a sesoi);
   ``values`` the per-seed values judged, (a, b) (b the centre repeated for a one-sample claim),
@@ -255,8 +255,10 @@ def _near(claim: Claim, verdict: str, r: Mapping, mde: float, digits: int = 3) -
 
 
 def _note(claim: Claim, verdict: str, lo95: float, hi95: float, digits: int = 3) -> str:
-  """A holding no-gain or equivalence claim whose difference is significantly non-zero."""
-  if claim.direction not in ("equivalent", "not_greater") or verdict != REPRODUCED:
+  """An equivalence claim (whatever its verdict) or a holding no-gain claim whose difference is
+  significantly non-zero."""
+  if not (claim.direction == "equivalent"
+          or (claim.direction == "not_greater" and verdict == REPRODUCED)):
     return ""
   if not (lo95 > 0 or hi95 < 0):
     return ""
@@ -266,12 +268,18 @@ def _note(claim: Claim, verdict: str, lo95: float, hi95: float, digits: int = 3)
 
 
 def judge_family(claims: Sequence[Claim], values: Mapping[str, Mapping[str, Sequence[float]]], *,
-                 level: float = 0.95, n_resamples: int = 10000) -> list[Verdict]:
+                 level: float = 0.95, n_resamples: int = 10000, table: str = "") -> list[Verdict]:
   """Verdicts of ``claims``; ``values[metric][arm]`` are per-seed values (1-D, >= 2 seeds).
 
-  p-values are Holm-adjusted within each ``Claim.family``; a test rejects when p <= alpha =
-  1 - level (an exact permutation test then has size alpha).
+  p-values are Holm-adjusted within each ``Claim.family``, the exploratory claims of a family
+  apart from its pre-declared ones (claims declared after the run that motivated them never
+  share a correction with those declared before); a test rejects when p <= alpha = 1 - level (an
+  exact permutation test then has size alpha). ``table`` names the table whose declarations
+  (experiments/declared.json) mark the exploratory claims.
   """
+  if table:
+    claims = [dataclasses.replace(c, exploratory=bool((declaration(table, c.id) or {}).get(
+        "exploratory", c.exploratory))) for c in claims]
   alpha = round(1.0 - level, 12)
   raw = []
   for c in claims:
@@ -285,8 +293,8 @@ def judge_family(claims: Sequence[Claim], values: Mapping[str, Mapping[str, Sequ
     r["p"] = 1.0 if math.isnan(r["p"]) else r["p"]  # no spread and no difference: nothing to reject
     raw.append((c, a, b, r))
   adjusted = [0.0] * len(raw)
-  for fam in dict.fromkeys(c.family for c in claims):
-    idx = [i for i, c in enumerate(claims) if c.family == fam]
+  for fam in dict.fromkeys((c.family, c.exploratory) for c in claims):
+    idx = [i for i, c in enumerate(claims) if (c.family, c.exploratory) == fam]
     for i, p in zip(idx, stats.holm([raw[i][3]["p"] for i in idx])):
       adjusted[i] = float(p)
   out = []
@@ -316,15 +324,15 @@ NOT_JUDGED = "not judged (gate failed)"
 
 
 def judge_gated(claims: Sequence[Claim], values: Mapping[str, Mapping[str, Sequence[float]]],
-                *, start: float) -> tuple[list[Verdict], bool]:
+                *, start: float, table: str = "") -> tuple[list[Verdict], bool]:
   """Verdicts of a table whose base method must learn first: the one-sample claims of family
   ``GATE`` ("the base gains over its start") are judged against ``start`` as their own Holm
-  family, the other claims as theirs. When a gate claim is not reproduced, the other claims'
-  verdicts are ``NOT_JUDGED`` (their numbers are kept). Returns (verdicts in claim order,
-  whether every gate claim was reproduced)."""
+  family, the other claims as theirs (``judge_family`` with ``table``). When a gate claim is not
+  reproduced, the other claims' verdicts are ``NOT_JUDGED`` (their numbers are kept). Returns
+  (verdicts in claim order, whether every gate claim was reproduced)."""
   gate = [dataclasses.replace(c, center=start) for c in claims if c.family == GATE]
-  judged = judge_family(gate, values) + judge_family(
-      [c for c in claims if c.family != GATE], values)
+  judged = judge_family(gate, values, table=table) + judge_family(
+      [c for c in claims if c.family != GATE], values, table=table)
   order = {c.id: i for i, c in enumerate(claims)}
   judged.sort(key=lambda v: order[v.claim.id])
   passed = all(v.verdict == "reproduced" for v in judged if v.claim.family == GATE)
@@ -386,17 +394,21 @@ def verdict_rows(verdicts: Sequence[Verdict], digits: int = 3) -> list[str]:
     one = len(c["arms"]) == 1
     label = f"{c['arms'][0]} - {c.get('center', 0.0):g}" if one else c["arms"][0]
     seeds = f"{v['n'][0]}" if one else f"{v['n'][0]} vs {v['n'][1]}"
-    sesoi = c.get("sesoi")
-    if c.get("direction") == "equivalent":
-      sesoi_text = f"+-{c['margin']:g}"
-    else:
-      sesoi_text = f"{sesoi:g}" if sesoi else "-" if sesoi is None else "0"
     verdict = v["verdict"] + (f"; {v['note']}" if v.get("note") else "")
     rows.append(f"| {c['text']} | {label}: {v['diff']:+.{digits}f} "
-                f"[{v['lo']:+.{digits}f}, {v['hi']:+.{digits}f}] | {sesoi_text} | {v['p']:.3g} "
+                f"[{v['lo']:+.{digits}f}, {v['hi']:+.{digits}f}] | {sesoi_text(c)} | {v['p']:.3g} "
                 f"({v['p_holm']:.3g}) | {v['p_permutation']:.3g} | {seeds} | "
                 f"{v['mde']:.{digits}f} | {declared_text(c)} | {verdict} |")
   return rows
+
+
+def sesoi_text(claim: Mapping) -> str:
+  """A claim's smallest effect of interest for a table cell: +-margin for an equivalence claim,
+  "-" when not recorded (judged before protocol v2)."""
+  if claim.get("direction") == "equivalent":
+    return f"+-{claim['margin']:g}"
+  sesoi = claim.get("sesoi")
+  return f"{sesoi:g}" if sesoi else "-" if sesoi is None else "0"
 
 
 def declared_text(claim: Mapping) -> str:
@@ -433,8 +445,9 @@ def rules_note(verdicts: Sequence[Verdict | dict], level: float = 0.95) -> str:
   if not out:
     return ""
   return ("Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): "
-          + "; ".join(out) + ". A holding no-gain or equivalence claim whose difference is "
-          "significantly non-zero says so beside the verdict, and so does a verdict whose deciding "
+          + "; ".join(out) + ". An equivalence claim whose difference is significantly "
+          "non-zero (95% interval), whatever its verdict, and a holding no-gain claim whose "
+          "difference is, say so beside the verdict, and so does a verdict whose deciding "
           "bound lies within half a minimum detectable effect of its threshold (near its "
           "threshold: it can flip on another start or seed set). The permutation p (not adjusted) "
           "is reported beside the deciding test. Min. detectable: the difference a two-sided "
@@ -525,6 +538,8 @@ def machine_text(machine: Mapping | None) -> str:
     return "a machine not recorded"
   jax_version = machine.get("versions", {}).get("jax", "?")
   cpu = machine.get("cpu_model") or f"{machine.get('processor', '?')} (CPU model not recorded)"
+  isa = isa_text(machine.get("cpu_isa"))
+  cpu += f" ({isa})" if isa else ""
   return (f"{cpu}, {machine.get('cpus', '?')} CPU cores, jax {jax_version} on "
           f"{machine.get('platform', '?')}")
 
@@ -570,9 +585,9 @@ class Unit:
       ``weight``. The result is a dict of JSON values and, at its top level, numpy arrays (stored
       beside the JSON in an ``.npz``).
     weight: the unit's share of the progress bar (e.g. its training steps).
-    code: source files the unit runs besides the ``rlpost`` package and the file that defines
-      ``run`` (both always counted): their content is part of the unit's cache key
-      (``code_version``), so a unit reruns when the code it runs changes.
+    code: source files the unit runs besides the ``rlpost`` package, the file that defines
+      ``run`` and the repository modules those import (all always counted): their content is part
+      of the unit's cache key (``code_version``), so a unit reruns when the code it runs changes.
   """
 
   spec: Mapping
@@ -609,6 +624,9 @@ class Experiment:
       dataset); a replication of such a table runs from the committed table's testbeds. A table
       with nothing to pin (models trained from their seeded initialisation on data it generates
       from fixed seeds) sets False.
+    starts: ``starts(report) -> {arm: (arm config, step-0 evaluation)}`` for the step-0 guard
+      (``check_same_start``), for a table whose data do not keep the ``rl_seeds.run_arm`` layout
+      the guard finds by itself.
   """
 
   name: str
@@ -623,6 +641,7 @@ class Experiment:
   full: Callable[[str, str], tuple[dict, dict]] | None = None
   replicate: Callable[[dict, int, int], dict] | None = None
   pinned: bool = True
+  starts: Callable[[dict], Mapping[str, tuple]] | None = None
 
 
 def digest(spec: Mapping) -> str:
@@ -643,8 +662,10 @@ def _sources(path: str) -> list[str]:
 
 def code_version(unit: "Unit") -> str:
   """A digest of the source the unit runs: every ``.py`` file of the ``rlpost`` package, the file
-  defining ``unit.run`` and ``unit.code``, by their code (paths relative to the repository;
-  docstrings and comments left out, so regenerated docs do not invalidate a cache)."""
+  defining ``unit.run`` and ``unit.code``, and every repository module those import (at module
+  level or inside functions, transitively: a table's runner, config and helpers), by their code
+  (paths relative to the repository; docstrings and comments left out, so regenerated docs do not
+  invalidate a cache)."""
   import inspect
 
   files = _sources(os.path.join(_ROOT, "rlpost"))
@@ -654,11 +675,68 @@ def code_version(unit: "Unit") -> str:
     pass
   files += [f for c in unit.code for f in _sources(os.path.join(_ROOT, c) if not os.path.isabs(c)
                                                     else c)]
+  files = _import_closure(files)
   h = hashlib.sha256()
   for f in sorted(set(os.path.abspath(f) for f in files)):
     h.update(os.path.relpath(f, _ROOT).encode() + b"\0")
     h.update(hashlib.sha256(_code_text(f).encode()).digest())
   return h.hexdigest()[:16]
+
+
+def _module_file(module: str) -> str | None:
+  """The repository file of a dotted module name (a package's ``__init__.py``), or None for a
+  module outside the repository."""
+  base = os.path.join(_ROOT, *module.split("."))
+  for path in (base + ".py", os.path.join(base, "__init__.py")):
+    if os.path.isfile(path):
+      return path
+  return None
+
+
+def _imports(path: str) -> list[str]:
+  """The repository files ``path`` imports anywhere in its code (``import a.b``, ``from a import
+  b`` where ``b`` is a module or a name of ``a``, and relative imports), with the packages on the
+  way (their ``__init__.py`` runs on import)."""
+  import ast
+
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), filename=path)
+  rel = os.path.relpath(path, _ROOT)
+  package = None if rel.startswith("..") else os.path.dirname(rel).replace(os.sep, ".")
+  names = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      names += [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      if node.level and package is None:  # a file outside the repository
+        continue
+      if node.level:
+        parts = package.split(".") if package else []
+        parts = parts[:len(parts) - (node.level - 1)] if node.level > 1 else parts
+        base = ".".join(parts + ([node.module] if node.module else []))
+      else:
+        base = node.module or ""
+      names += [base] + [f"{base}.{a.name}" for a in node.names]
+  out = []
+  for name in names:
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):  # every package on the way, then the module itself
+      f = _module_file(".".join(parts[:i]))
+      if f:
+        out.append(f)
+  return out
+
+
+def _import_closure(files: Sequence[str]) -> list[str]:
+  """``files`` and every repository file they import, transitively."""
+  seen, todo = set(), [os.path.abspath(f) for f in files]
+  while todo:
+    f = todo.pop()
+    if f in seen or not f.endswith(".py"):
+      continue
+    seen.add(f)
+    todo += [os.path.abspath(g) for g in _imports(f) if os.path.abspath(g) not in seen]
+  return sorted(seen)
 
 
 def _code_text(path: str) -> str:
@@ -750,13 +828,15 @@ def _arm_starts(tree, path: str = "") -> dict:
   return out
 
 
-def check_same_start(data) -> None:
+def check_same_start(data, starts: Mapping[str, tuple] | None = None) -> None:
   """Refuse a table whose arms started from different policies: arms that share a testbed
   (``init_params``) and their evaluation settings must report bitwise-equal step-0 evaluations
   (one program on one machine gives exactly that; units cached on two machines or from two
-  starts do not). Raises ``MixedStarts`` naming the two arms and the metric."""
+  starts do not). The arms are ``starts`` ({arm: (config, step-0 evaluation)}) when given, else
+  those of ``data`` in the ``rl_seeds.run_arm`` layout. Raises ``MixedStarts`` naming the two
+  arms and the metric."""
   groups: dict[str, tuple[str, Mapping]] = {}
-  for path, (cfg, ev) in _arm_starts(data).items():
+  for path, (cfg, ev) in (_arm_starts(data) if starts is None else starts).items():
     key = json.dumps({k: cfg.get(k) for k in _EVAL_KEYS + ("init_params",)}, sort_keys=True,
                      default=str)
     if key not in groups:
@@ -769,6 +849,12 @@ def check_same_start(data) -> None:
             f"arms {first} and {path} start from different policies: step-0 {m} {ref[m]!r} vs "
             f"{ev[m]!r} with the same start and evaluation settings (units from two starts or "
             "two machines); rerun the table into a fresh --out")
+
+
+def check_starts(exp: Experiment, report: Mapping) -> None:
+  """``check_same_start`` over the arms of ``report`` (``exp.starts`` where the table has its
+  own layout)."""
+  check_same_start(report["data"], exp.starts(report) if exp.starts else None)
 
 
 def _isnan(x) -> bool:
@@ -877,6 +963,37 @@ def cpu_model() -> str:
   return platform.processor() or platform.machine()
 
 
+# The vector extensions XLA:CPU may generate code for: two hosts that differ in these run other
+# kernels (results/portability: the instruction set alone moves a retrained SFT start).
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+             "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8",
+             "asimd", "sve", "sve2")
+
+
+def cpu_isa() -> list[str]:
+  """The CPU's vector extensions among ``ISA_FLAGS`` (from /proc/cpuinfo; empty where the system
+  does not say)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.lower().startswith(("flags", "features")):
+          have = set(line.split(":", 1)[1].split())
+          return [x for x in ISA_FLAGS if x in have]
+  except OSError:
+    pass
+  return []
+
+
+def isa_text(isa: Sequence[str] | None) -> str:
+  """The widest x86 vector extension in ``isa`` ('AVX-512', 'AVX2', 'AVX'), or ''."""
+  isa = set(isa or ())
+  for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sve", "SVE"),
+                     ("asimd", "NEON")):
+    if flag in isa:
+      return name
+  return ""
+
+
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "chex", "numpy", "scipy",
             "ml_dtypes", "tensorflow-datasets", "array-record", "grain")
 
@@ -890,8 +1007,8 @@ def _git(*args: str) -> str:
 
 
 def machine() -> dict:
-  """The machine, environment and code a result was produced with: CPU model, cores (and those
-  this process may use), XLA flags and thread settings, package versions, the commit and whether
+  """The machine, environment and code a result was produced with: CPU model and vector
+  extensions, cores (and those this process may use), XLA flags and thread settings, package versions, the commit and whether
   the tracked files differed from it."""
   import importlib.metadata as md
 
@@ -907,7 +1024,8 @@ def machine() -> dict:
     usable = len(os.sched_getaffinity(0))
   except (AttributeError, OSError):
     usable = os.cpu_count()
-  return {"cpu_model": cpu_model(), "processor": platform.machine(), "cpus": os.cpu_count(),
+  return {"cpu_model": cpu_model(), "cpu_isa": cpu_isa(), "processor": platform.machine(),
+          "cpus": os.cpu_count(),
           "cpus_usable": usable, "platform": jax.devices()[0].platform,
           "devices": jax.device_count(),
           "env": {k: os.environ[k] for k in ("XLA_FLAGS", "OMP_NUM_THREADS", "JAX_ENABLE_X64",
@@ -996,28 +1114,35 @@ def declarations(table: str) -> dict:
     return json.load(f).get(table, {})
 
 
-def declare(table: str, summary):
-  """``summary`` with each judged claim's ``declared`` commit and ``exploratory`` flag filled in
-  from experiments/declared.json (exact ids first, then patterns in file order); a claim found
-  there under neither keeps what it had."""
+def declaration(table: str, claim_id: str) -> dict | None:
+  """The declaration of one claim of ``table`` (exact ids first, then patterns in file order), or
+  None when experiments/declared.json has none."""
   import fnmatch
 
   table_decl = declarations(table)
-  exact = {k: v for k, v in table_decl.items() if not any(ch in k for ch in "*?[")}
-  patterns = [(k, v) for k, v in table_decl.items() if k not in exact]
+  if claim_id in table_decl:
+    return table_decl[claim_id]
+  return next((v for k, v in table_decl.items()
+               if any(ch in k for ch in "*?[") and fnmatch.fnmatchcase(claim_id, k)), None)
 
-  def lookup(cid: str):
-    if cid in exact:
-      return exact[cid]
-    return next((v for k, v in patterns if fnmatch.fnmatchcase(cid, k)), None)
 
+def declare(table: str, summary):
+  """``summary`` with each judged claim's ``declared`` commit and ``exploratory`` flag filled in
+  from experiments/declared.json (``declaration``); a claim found there under neither keeps what
+  it had. Raises ``ValueError`` for a claim declared exploratory that was Holm-adjusted as a
+  pre-declared one (judged without ``judge_family(..., table=...)``)."""
   for m in list(mappings(summary)):
     c = m.get("claim")
     if isinstance(c, dict) and "id" in c and "verdict" in m:
-      d = lookup(c["id"])
-      if d is not None:
-        c["declared"] = d["declared"]
-        c["exploratory"] = bool(d.get("exploratory"))
+      d = declaration(table, c["id"])
+      if d is None:
+        continue
+      if d.get("exploratory") and "p_holm" in m and not c.get("exploratory"):
+        raise ValueError(f"{table}: claim {c['id']!r} is declared exploratory but was "
+                         "Holm-adjusted with the pre-declared claims of its family; judge it with "
+                         f"judge_family(..., table={table!r})")
+      c["declared"] = d["declared"]
+      c["exploratory"] = bool(d.get("exploratory"))
   return summary
 
 
@@ -1026,7 +1151,7 @@ def write(exp: Experiment, report: dict, out_dir: str, *, sync_docs: bool = Fals
   plots into ``out_dir`` (each file replaced atomically); with ``sync_docs``, the module's
   docstring block and the README's results section too."""
   if not report.get("full"):
-    check_same_start(report["data"])
+    check_starts(exp, report)
   report = jsonable(dict(report, summary=exp.summarize(report)))
   declare(exp.name, report["summary"])
   table = exp.render(report)
@@ -1284,17 +1409,23 @@ def replication_markdown(name: str, committed: Mapping, new: Mapping, rows: list
            f"{agree} of {len(rows)} claims agree: the same verdict, and the change of a - b "
            "between the runs (Welch-Satterthwaite over both runs' seeds, two-sided) not "
            "significant at 0.05.", "",
-           "| claim | committed a - b [95%] | verdict | replication a - b [95%] | verdict | "
-           "committed - replication [95%] | p | agree |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| claim | SESOI | declared | committed a - b [95%] | verdict | replication a - b "
+           "[95%] | verdict | committed - replication [95%] | p | agree |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+  def verdict(v):
+    return v["verdict"] + (f"; {v['note']}" if v.get("note") else "")
+
   for r in rows:
     c, n, ch = r["committed"], r["new"], r["change"]
     change = ("-", "-") if ch is None else (iv(ch), f"{ch['p']:.3g}")
-    lines.append(f"| {r['text']} | {iv(c)} | {c['verdict']} | {iv(n)} | {n['verdict']} | "
-                 f"{change[0]} | {change[1]} | {'yes' if r['agree'] else 'no'} |")
-  lines += ["", "Intervals of equivalence claims are their 90% TOST intervals. Both runs use "
-            "the same fixed test problems and evaluation key, so the test compares training "
-            "seeds only."]
+    lines.append(f"| {r['text']} | {sesoi_text(n['claim'])} | {declared_text(n['claim'])} | "
+                 f"{iv(c)} | {verdict(c)} | {iv(n)} | {verdict(n)} | {change[0]} | "
+                 f"{change[1]} | {'yes' if r['agree'] else 'no'} |")
+  lines += ["", "Verdicts follow protocol v2 (experiments/STATISTICS.md) in both runs, judged by "
+            "the table's own rules. Intervals of equivalence claims are their 90% TOST "
+            "intervals. Both runs use the same fixed test problems and evaluation key, so the "
+            "test compares training seeds only."]
   return "\n".join(lines) + "\n"
 
 
@@ -1329,7 +1460,7 @@ def replicate(exp: Experiment, out_dir: str, *, seeds: int | None = None,
         f"the replication would start from {', '.join(beds) or 'an unpinned start'}: a "
         f"replication compares seeds, not starts; rerun the table from its pinned testbed "
         f"first (python scripts/reproduce.py {exp.name})")
-  rep_dir = os.path.join(out_dir, "replication")
+  rep_dir = replication_dir(out_dir, seeds, seed_offset)
   os.makedirs(rep_dir, exist_ok=True)
   results, secs, ran, provenance = run_units(units, os.path.join(rep_dir, "cache"),
                                              f"{exp.name} replication", no_progress)
@@ -1341,7 +1472,30 @@ def replicate(exp: Experiment, out_dir: str, *, seeds: int | None = None,
             "units": provenance, "testbeds": beds, "data": data,
             "replication_of": {"commit": committed.get("machine", {}).get("commit"),
                                "seeds": n0, "seed_offset": o0}}
-  return _write_replication(exp, committed, report, out_dir)
+  return _write_replication(exp, committed, report, rep_dir)
+
+
+def replication_dir(out_dir: str, seeds: int, seed_offset: int) -> str:
+  """Where a replication at ``seeds`` seeds from ``seed_offset`` goes: ``out_dir/replication``
+  (the table's committed replication, with ``out_dir/replication.md``) when none is there or it
+  used the same seeds; otherwise ``out_dir/replication-<offset>x<seeds>`` (its ``replication.md``
+  inside), so another seed set never overwrites the committed one."""
+  main = os.path.join(out_dir, "replication")
+  path = os.path.join(main, "results.json")
+  if not os.path.exists(path):
+    return main
+  with open(path) as f:
+    cfg = json.load(f).get("config", {})
+  if (int(cfg.get("seeds", -1)), int(cfg.get("seed_offset", 0))) == (seeds, seed_offset):
+    return main
+  return os.path.join(out_dir, f"replication-{seed_offset}x{seeds}")
+
+
+def _markdown_path(rep_dir: str) -> str:
+  """``replication.md`` beside the committed ``replication/``, inside any other."""
+  if os.path.basename(rep_dir) == "replication":
+    return os.path.join(os.path.dirname(rep_dir), "replication.md")
+  return os.path.join(rep_dir, "replication.md")
 
 
 def rejudge_replication(exp: Experiment, out_dir: str) -> dict:
@@ -1350,17 +1504,19 @@ def rejudge_replication(exp: Experiment, out_dir: str) -> dict:
   committed = read_report(exp, out_dir)
   report = read_report(exp, os.path.join(out_dir, "replication"))
   committed = jsonable(dict(committed, summary=declare(exp.name, exp.summarize(committed))))
-  return _write_replication(exp, committed, report, out_dir)
+  return _write_replication(exp, committed, report, os.path.join(out_dir, "replication"))
 
 
-def _write_replication(exp: Experiment, committed: dict, report: dict, out_dir: str) -> dict:
-  check_same_start(report["data"])
+def _write_replication(exp: Experiment, committed: dict, report: dict, rep_dir: str) -> dict:
+  check_starts(exp, report)
   report = jsonable(dict(report, summary=exp.summarize(report)))
   declare(exp.name, report["summary"])
-  write_json(os.path.join(out_dir, "replication", "results.json"), report)
+  write_json(os.path.join(rep_dir, "results.json"), report)
   rows = compare(committed.get("summary", {}), report["summary"])
   text = replication_markdown(exp.name, committed, report, rows, report["command"])
-  _write_text(os.path.join(out_dir, "replication.md"), text)
+  md = _markdown_path(rep_dir)
+  _write_text(md, text)
   print(text)
-  return {"report": report, "rows": rows}
+  print(f"written: {md} and {os.path.join(rep_dir, 'results.json')}")
+  return {"report": report, "rows": rows, "markdown": md}
 

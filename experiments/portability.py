@@ -24,9 +24,11 @@ and on the GPU at JAX's default f32 matmul precision and at "highest" where one 
 the SFT weights compared with the pinned start's.
 
 Another code version: ``python -m experiments.portability --old-code COMMIT`` retrains the SFT
-start with the code of ``COMMIT`` (a commit from before the pin, whose ACE design still retrained
-its start; extracted with ``git archive`` into a temporary folder, never checked out here), on
-this host, evaluates it as the ACE table does and compares its weights with the pin's.
+start with the code of ``COMMIT`` (extracted with ``git archive`` into a temporary folder, never
+checked out here), on this host, evaluates it as the ACE table does and compares its weights with
+the pin's. For a commit whose ACE design loads the pin it runs that commit's own ``default``
+variant: the SFT rebuild and the GRPO arm from the pin, whose weights it compares with the
+``default`` variant's, so the RL arm is measured on two code versions.
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def main(argv=None) -> dict:
   ap.add_argument("--label", help="the added host's name in the table (with --add-host)")
   ap.add_argument("--note", default="", help="a sentence on the added host (with --add-host)")
   ap.add_argument("--old-code", metavar="COMMIT",
-                  help="retrain the SFT start with an older commit's code on this host")
+                  help="retrain the SFT start (and, for a commit with the pin, run the RL arm "
+                       "from it) with that commit's code on this host")
   ap.add_argument("--variant", help=argparse.SUPPRESS)
   ap.add_argument("--dir", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
@@ -220,7 +223,9 @@ print(json.dumps({"sft_eval": {"pass@1": ev["pass@1"], "pass@64": ev["pass@64"]}
 
 def old_code(commit: str, out: str) -> dict:
   """Adds to the report in ``out`` the SFT start that ``commit``'s code retrains on this host,
-  compared leaf by leaf with the pin."""
+  compared leaf by leaf with the pin; for a commit whose ACE design loads the pin, that commit's
+  own ``default`` variant (the SFT rebuild and the GRPO arm from the pin), its RL weights compared
+  with the report's ``default`` variant (another code version, the same program's arithmetic)."""
   import numpy as np
 
   from experiments import harness, testbeds
@@ -243,15 +248,26 @@ def old_code(commit: str, out: str) -> dict:
     env = dict(os.environ, HOME=os.path.join(tmp, "home"), PYTHONPATH=tree)
     run = subprocess.run([sys.executable, "-c", _OLD_CODE_CHILD, leaves], cwd=tree, env=env,
                          capture_output=True, text=True, timeout=3600)
-    if run.returncode == 3:
-      raise ValueError(f"--old-code {sha}: its ACE design loads a pinned start; name a commit "
-                       "from before the pin")
-    if run.returncode:
+    if run.returncode == 3:  # a commit with the pin: its own variant, SFT rebuild and RL arm
+      run = subprocess.run([sys.executable, "-m", "experiments.portability", "--variant",
+                            "default", "--dir", tmp, "--steps", str(report["steps"])], cwd=tree,
+                           env=env, capture_output=True, text=True, timeout=3600)
+      if run.returncode:
+        raise RuntimeError(f"commit {sha}'s portability variant failed: {run.stderr[-2000:]}")
+      row = json.loads(run.stdout.strip().splitlines()[-1])
+      row.pop("sft_file", None)
+      row.pop("machine", None)
+      # The pinned file's name is its content digest: equal digests are equal weights.
+      row["bitwise_equal_to_pin"] = row["sft_digest"] == testbeds.PINNED["b23-sft"]
+      default = report["variants"]["default"]
+      row["rl_bitwise_equal_to_default"] = row["rl_digest"] == default["rl_digest"]
+    elif run.returncode:
       raise RuntimeError(f"commit {sha}'s SFT retraining failed: {run.stderr[-2000:]}")
-    row = json.loads(run.stdout.strip().splitlines()[-1])
-    old, pin = pinned.read(leaves), pinned.read(testbeds.path("b23-sft"))
-    row["bitwise_equal_to_pin"] = set(old) == set(pin) and all(
-        old[k].dtype == pin[k].dtype and np.array_equal(old[k], pin[k]) for k in pin)
+    else:
+      row = json.loads(run.stdout.strip().splitlines()[-1])
+      old, pin = pinned.read(leaves), pinned.read(testbeds.path("b23-sft"))
+      row["bitwise_equal_to_pin"] = set(old) == set(pin) and all(
+          old[k].dtype == pin[k].dtype and np.array_equal(old[k], pin[k]) for k in pin)
   row["machine"] = harness.machine()
   report.setdefault("old_code", {})[sha] = row
   return _save(report, out)
@@ -292,15 +308,23 @@ def render(report: dict) -> str:
                    f"{r['rl_digest']} | {', '.join(f'{x:.4f}' for x in r['rl_pass1'])} | "
                    f"{r['seconds'] / 60:.1f} |")
   if report.get("old_code"):
-    lines += ["", "## Older code on this host", "",
+    default = report["variants"].get("default", {})
+    lines += ["", "## Other code versions on this host", "",
               "`python -m experiments.portability --old-code COMMIT`: the ACE design's SFT "
-              "start retrained by that commit's code.", "",
-              "| commit | machine | SFT pass@1 | SFT pass@64 | weights bitwise equal to the pin "
-              "| minutes |", "| --- | --- | --- | --- | --- | --- |"]
+              "start retrained by that commit's code; for a commit with the pin, also its GRPO "
+              f"arm from the pin ({report['steps']} steps, the variants' seeds), whose weights "
+              "are compared with the `default` variant's (commit "
+              f"{default.get('machine', {}).get('commit', '?')}).", "",
+              "| commit | machine | SFT pass@1 | SFT pass@64 | SFT weights bitwise equal to the "
+              "pin | RL weights digest | RL pass@1 per seed | RL weights bitwise equal to "
+              "default's | minutes |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for sha, r in report["old_code"].items():
+      rl_cells = ("-", "-", "-") if "rl_digest" not in r else (
+          r["rl_digest"], ", ".join(f"{x:.4f}" for x in r["rl_pass1"]),
+          "yes" if r["rl_bitwise_equal_to_default"] else "no")
       lines.append(f"| {sha} | {harness.machine_text(r['machine'])} | "
                    f"{r['sft_eval']['pass@1']:.4f} | {r['sft_eval']['pass@64']:.4f} | "
-                   f"{'yes' if r['bitwise_equal_to_pin'] else 'no'} | "
+                   f"{'yes' if r['bitwise_equal_to_pin'] else 'no'} | {' | '.join(rl_cells)} | "
                    f"{r['seconds'] / 60:.1f} |")
   return "\n".join(lines) + "\n"
 

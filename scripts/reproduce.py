@@ -17,7 +17,8 @@ re-judge) into the default ``results/<name>`` also rewrites the results block at
 module's docstring and the generated section of its README (``experiments/docsync.py``).
 ``--replicate`` reruns the table's main arms from its pinned testbeds with seeds it did not use
 (``--seeds K``, from ``--seed-offset S``) and writes, per claim, the committed and the new
-interval and whether they agree (``--out/replication.md``). ``--full --runs DIR`` judges
+interval and whether they agree (``--out/replication.md``; a replication at other seeds than the
+committed one goes to ``--out/replication-<S>x<K>/`` instead, never over it). ``--full --runs DIR`` judges
 full-size runs instead (the ``experiments/*/full.py`` arms, one
 ``scripts/train.py`` run directory per arm x seed) with the same summary, intervals and verdicts,
 written to ``results/<name>_full`` unless ``--out`` says otherwise.
@@ -64,7 +65,9 @@ def main(argv=None):
   ap.add_argument("--replicate", action="store_true",
                   help="rerun the table's main arms from its pinned start with fresh seeds and "
                        "compare, claim by claim, with the committed results in --out "
-                       "(writes --out/replication.md and --out/replication/)")
+                       "(writes --out/replication.md and --out/replication/, or "
+                       "--out/replication-<offset>x<seeds>/ beside a committed replication "
+                       "at other seeds)")
   ap.add_argument("--seed-offset", type=int, default=1000,
                   help="with --replicate: the first fresh seed (default 1000); --replicate "
                        "--rejudge re-judges an existing replication without training")

@@ -494,7 +494,7 @@ def summarize(report: dict) -> dict:
   effects = data.get("power", {}).get("claims", {})
   cs = [dataclasses.replace(c, sesoi=float(effects[c.id]["effect"])) if c.id in effects else c
         for c in claims(p)]
-  verdicts = harness.judge_family(cs, values)
+  verdicts = harness.judge_family(cs, values, table=NAME)
   exact = np.asarray(data["oracle_curves"], np.float64)
   ex = curve_metrics(exact, p)
   ex_vals = claim_values({k: v[None] for k, v in ex.items()}, p)

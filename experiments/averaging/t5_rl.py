@@ -31,14 +31,14 @@ Pre-declared metrics: the mean pass@1 over the second half of the evaluations an
 
 | claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
 | --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| averaging RL checkpoints (lawa) raises the pass@1 level (2nd-half mean) | lawa: +0.010 [+0.005, +0.014] | 0.01 | 0.000545 (0.00136) | 0.00195 | 9 vs 9 | 0.006 | be9a03a | reproduced |
-| averaging RL checkpoints (lawa) damps step-to-step volatility | lawa: -0.006 [-0.009, -0.003] | 0 | 0.000454 (0.00136) | 0.00391 | 9 vs 9 | 0.004 | be9a03a | reproduced |
-| averaging RL checkpoints (ema) raises the pass@1 level (2nd-half mean) | ema: +0.010 [+0.005, +0.015] | 0.01 | 0.00133 (0.00136) | 0.00195 | 9 vs 9 | 0.007 | be9a03a | reproduced |
-| averaging RL checkpoints (ema) damps step-to-step volatility | ema: -0.009 [-0.012, -0.006] | 0 | 0.000106 (0.000424) | 0.00195 | 9 vs 9 | 0.004 | be9a03a | reproduced |
+| averaging RL checkpoints (lawa) raises the pass@1 level (2nd-half mean) | lawa: +0.010 [+0.005, +0.014] | 0.01 | 0.000545 (0.00136) | 0.00195 | 9 vs 9 | 0.006 | 6777adb | reproduced |
+| averaging RL checkpoints (lawa) damps step-to-step volatility | lawa: -0.006 [-0.009, -0.003] | 0 | 0.000454 (0.00136) | 0.00391 | 9 vs 9 | 0.004 | 6777adb | reproduced |
+| averaging RL checkpoints (ema) raises the pass@1 level (2nd-half mean) | ema: +0.010 [+0.005, +0.015] | 0.01 | 0.00133 (0.00136) | 0.00195 | 9 vs 9 | 0.007 | 6777adb | reproduced |
+| averaging RL checkpoints (ema) damps step-to-step volatility | ema: -0.009 [-0.012, -0.006] | 0 | 0.000106 (0.000424) | 0.00195 | 9 vs 9 | 0.004 | 6777adb | reproduced |
 
 Statistics: paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 9 seeds per arm; pooled seed SD up to 0.00695; minimum detectable effect (80% power) 0.00364-0.00691.
 
-Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome). A holding no-gain or equivalence claim whose difference is significantly non-zero says so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline. Here the tests are paired by seed (averaged - raw of one run); the exact sign-flip permutation p is the paired one (at 9 seeds its smallest value is 1/512).
+Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome). An equivalence claim whose difference is significantly non-zero (95% interval), whatever its verdict, and a holding no-gain claim whose difference is, say so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline. Here the tests are paired by seed (averaged - raw of one run); the exact sign-flip permutation p is the paired one (at 9 seeds its smallest value is 1/512).
 
 (end of generated results)
 """
@@ -57,6 +57,7 @@ AVERAGING = "lawa:k=5,every=10,as=lawa;ema:decay=0.95,as=ema"
 POLICIES = ("raw", "lawa", "ema")
 METRICS = {"final": "final pass@1", "second_half_mean": "2nd-half mean pass@1",
            "volatility": "volatility (sd of eval-to-eval change)"}
+NAME = "averaging_rl"
 FAMILY = "averaging RL checkpoints"
 README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
 
@@ -129,6 +130,13 @@ def collect(config: dict, results: dict) -> dict:
                        for r in results.values()]}
 
 
+def starts(report: dict) -> dict:
+  """{seed: (its run's config, its step-0 evaluation)} for the step-0 guard: every seed starts
+  from the one SFT start."""
+  return {f"s{r['seed']}": (dict(report["config"]["rl"], seed=r["seed"]), {"pass@1": r["start"]})
+          for r in report["data"]["per_seed"]}
+
+
 def seed_metrics(curve) -> dict:
   """{metric: value} of one seed's pass@1 curve of one policy."""
   vals = np.asarray(curve[1], np.float64)
@@ -164,9 +172,9 @@ def summarize(report: dict) -> dict:
   if len(per_seed) >= 2:
     sft = [s["start"] for s in per_seed]
     gate = harness.judge_family([GATE], {"second_half_mean": dict(values["second_half_mean"],
-                                                                  sft=sft)})
+                                                                  sft=sft)}, table=NAME)
     cells["sft"] = {"second_half_mean": harness.cell(sft)}
-  judged = harness.judge_family(claims(), values) if len(per_seed) >= 2 else []
+  judged = harness.judge_family(claims(), values, table=NAME) if len(per_seed) >= 2 else []
   passed = bool(gate) and gate[0].verdict == "reproduced"
   verdicts = {v.claim.id: v.verdict if passed else "inconclusive" for v in judged}
   out = [dict(v.to_json(), verdict=verdicts[v.claim.id]) for v in judged]
@@ -254,7 +262,7 @@ def replicate(config: dict, seeds: int, seed_offset: int) -> dict:
   return dict(config, seeds=seeds, seed_offset=seed_offset)
 
 
-EXPERIMENT = harness.Experiment(name="averaging_rl", get_config=get_config, units=units,
+EXPERIMENT = harness.Experiment(name=NAME, get_config=get_config, units=units,
                                 summarize=summarize, render=render, plot=plot, collect=collect,
                                 module="experiments.averaging.t5_rl", readme=README,
-                                replicate=replicate)
+                                replicate=replicate, starts=starts)

@@ -13,7 +13,7 @@ Command:  python scripts/reproduce.py dars [--quick] [--seeds N] [--out DIR]
 Hardware: 2 CPU cores. Setup (pre-declared in ``Sizes`` before the run): the calibrated testbed
 of ``experiments/calibrate.py`` (setting ``b23-lr1e-4-kl0-p64``: 2-3 digit addition, whose
 3-digit problems the SFT policy solves sometimes, the 0.4M-parameter character decoder
-SFT-started on that band, 64 prompts per step, 0/1 reward, AdamW lr 1e-4, 100 steps). Every arm
+started from the pinned SFT policy ``experiments/testbeds/b23-sft``, 64 prompts per step, 0/1 reward, AdamW lr 1e-4, 100 steps). Every arm
 uses the DARS objective (advantage r - mean over the merged group, token sum over a constant
 length, dual clip, entropy bonus, no KL), so arms differ only in rollout allocation and breadth:
 
@@ -45,8 +45,8 @@ seed; the equal-treatment arms in the CPU arms' places, ``FULL_ARMS``) with this
 
 Outputs in ``--out`` (default ``results/dars``): ``table.md``, ``results.json``, ``passk.png``,
 ``cumulative_advantage.png``; finished arms are cached under ``cache/``. The block below is
-generated from ``results/dars/table.md`` (this design's rerun from an empty cache: the same
-numbers as its first run, whose 62.8 min included about 15 minutes of other jobs on the cores).
+generated from ``results/dars/table.md`` (the design run from the pinned start; its 110 min of
+units were shared with other jobs: about 55 min alone).
 
 Results on this CPU (generated from results/dars/table.md; do not edit by hand):
 
@@ -76,7 +76,7 @@ Gate passed: the base learns.
 
 Statistics: Welch interval and one-sided Welch test; Welch interval and one-sided Welch test against +sesoi at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.0171; minimum detectable effect (80% power) 0.012-0.0257.
 
-Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome); a no-gain claim is *reproduced* when the one-sided test that a - b < +SESOI rejects (Holm-adjusted), *not reproduced* when its 95% interval lies wholly above +SESOI, *inconclusive* otherwise. A holding no-gain or equivalence claim whose difference is significantly non-zero says so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline.
+Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome); a no-gain claim is *reproduced* when the one-sided test that a - b < +SESOI rejects (Holm-adjusted), *not reproduced* when its 95% interval lies wholly above +SESOI, *inconclusive* otherwise. An equivalence claim whose difference is significantly non-zero (95% interval), whatever its verdict, and a holding no-gain claim whose difference is, say so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline.
 
 Sanity check (holds by algebra, not a reproduction): the mean-only cumulative advantage peaks at accuracy 0.5: peak at 0.5, holds.
 
@@ -302,7 +302,7 @@ def summarize(report: dict) -> dict:
                                       "base": values[k][base_name]})
                       for k in ("pass@1", f"pass@{max(ks)}")}
   judged, s["base_learned"] = harness.judge_gated(claims(sz), values,
-                                                  start=s["start"]["pass@1"])
+                                                  start=s["start"]["pass@1"], table="dars")
   s["claims"] = [v.to_json() for v in judged]
   s["verdicts"] = {v.claim.id: v.verdict for v in judged}
   s["sanity"] = None

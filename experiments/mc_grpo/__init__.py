@@ -64,7 +64,7 @@ Variant claims (one Holm family), 8 seeds per arm:
 
 | claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
 | --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| the median at G=2 comes within 1% of G=8 | G8-mean: +0.031 [+0.027, +0.036] | +-0.01 | 1 (1) | 0.0002 | 8 vs 8 | 0.007 | 5183d8b | not reproduced |
+| the median at G=2 comes within 1% of G=8 | G8-mean: +0.031 [+0.027, +0.036] | +-0.01 | 1 (1) | 0.0002 | 8 vs 8 | 0.007 | 5183d8b | not reproduced; but a - b is significantly above 0 (95% interval [+0.026, +0.037]) |
 | median beats the mean baseline at G=2 | G2-median: -0.008 [-0.013, -0.002] | 0.0125 | 0.993 (1) | 0.994 | 8 vs 8 | 0.008 | 5183d8b | not reproduced; near its threshold (the deciding bound is 0.002 from it, under half the minimum detectable effect 0.008) |
 | median beats the unbiased same-compute control at G=2 | G2-median: -0.010 [-0.015, -0.004] | 0.0125 | 0.999 (1) | 0.999 | 8 vs 8 | 0.008 | e307ab4 | not reproduced |
 | median beats the official same-compute ablation at G=2 | G2-median: -0.016 [-0.021, -0.010] | 0.0125 | 1 (1) | 1 | 8 vs 8 | 0.008 | e307ab4 | not reproduced |
@@ -84,7 +84,7 @@ Gate passed: GRPO learns at both G on the 0/1 reward.
 
 | claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
 | --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| the median at G=2 comes within 1% of G=8 | 01-G8-mean: +0.027 [+0.022, +0.033] | +-0.01 | 1 (1) | 0.0002 | 8 vs 8 | 0.009 | d627d96 (exploratory) | not reproduced |
+| the median at G=2 comes within 1% of G=8 | 01-G8-mean: +0.027 [+0.022, +0.033] | +-0.01 | 1 (1) | 0.0002 | 8 vs 8 | 0.009 | d627d96 (exploratory) | not reproduced; but a - b is significantly above 0 (95% interval [+0.021, +0.034]) |
 | median beats the mean baseline at G=2 | 01-G2-median: +0.012 [+0.005, +0.019] | 0.0125 | 0.00152 (0.00606) | 0.0026 | 8 vs 8 | 0.010 | d627d96 (exploratory) | reproduced |
 | median beats the unbiased same-compute control at G=2 | 01-G2-median: +0.005 [-0.002, +0.012] | 0.0125 | 0.0597 (0.179) | 0.0565 | 8 vs 8 | 0.010 | d627d96 (exploratory) | not reproduced; near its threshold (the deciding bound is 0.002 from it, under half the minimum detectable effect 0.010) |
 | median beats the official same-compute ablation at G=2 | 01-G2-median: -0.011 [-0.018, -0.004] | 0.0125 | 0.998 (1) | 0.999 | 8 vs 8 | 0.009 | d627d96 (exploratory) | not reproduced; near its threshold (the deciding bound is 0.004 from it, under half the minimum detectable effect 0.009) |
@@ -109,7 +109,7 @@ Gate passed: every base learns at G=2.
 
 Statistics: Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.00533; minimum detectable effect (80% power) 0.00612-0.00803.
 
-Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome); an equivalence claim (margin 0.01) is *reproduced* when TOST rejects (Holm-adjusted), *not reproduced* when its 90% interval lies wholly outside the margin, *inconclusive* otherwise. A holding no-gain or equivalence claim whose difference is significantly non-zero says so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline.
+Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome); an equivalence claim (margin 0.01) is *reproduced* when TOST rejects (Holm-adjusted), *not reproduced* when its 90% interval lies wholly outside the margin, *inconclusive* otherwise. An equivalence claim whose difference is significantly non-zero (95% interval), whatever its verdict, and a holding no-gain claim whose difference is, say so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline.
 
 | claim (paper) | ours: a - b [interval] | z | p | rollouts | verdict |
 | --- | --- | --- | --- | --- | --- |
@@ -476,7 +476,8 @@ def _gated_cells(results: dict, names, claim_list, window: int, start: float) ->
   """Per-arm cells (primary metric, gain over ``start``, final evaluation, seconds) of the arms
   ``names`` and the gated verdicts of ``claim_list``; "prim" holds the per-seed values."""
   prim = {name: primary(results[name], window) for name in names}
-  judged, learned = harness.judge_gated(claim_list, {"gain": prim, METRIC: prim}, start=start)
+  judged, learned = harness.judge_gated(claim_list, {"gain": prim, METRIC: prim}, start=start,
+                                        table="mc_grpo")
   return {"prim": prim, "cells": {n: harness.cell(v) for n, v in prim.items()},
           "gains": {n: harness.cell(v - start) for n, v in prim.items()},
           "final_eval": {n: harness.cell(rl_seeds.final_metric(results[n], METRIC))

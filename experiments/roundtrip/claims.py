@@ -307,7 +307,7 @@ def judge(per_seed: Mapping[str, list[dict]], roles: Mapping[str, str]) -> dict:
 
   gates = [_claim(f"skill_gate@{n}", GATE.rule, GATE, n, f"gate@{n}")
            for n in per_seed if judgeable(GATE, n)]
-  gate = harness.judge_family(gates, by_metric)
+  gate = harness.judge_family(gates, by_metric, table="roundtrip")
   deciding = [v.claim.arms[0] for v in gate
               if v.verdict == REPRODUCED and roles[v.claim.arms[0]] == "fair"]
   claims, origin = [], {}
@@ -328,7 +328,7 @@ def judge(per_seed: Mapping[str, list[dict]], roles: Mapping[str, str]) -> dict:
                              f"sanity@{system}"))
         if cid not in REFERENCE_ONLY:
           oracle_check[claims[-1].id] = cid
-  judged = harness.judge_family(claims, by_metric)
+  judged = harness.judge_family(claims, by_metric, table="roundtrip")
   verdicts: dict[str, list[dict]] = {}
   parts: dict[tuple[str, str], list[str]] = {}
   oracle_fails: dict[str, list[str]] = {}

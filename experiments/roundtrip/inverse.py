@@ -49,7 +49,7 @@ Pre-declared metric: per seed, the worst depth's log(optimised error after 30 Ad
 
 Statistics: paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.169; minimum detectable effect (80% power) 0.18-0.18.
 
-Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome). A holding no-gain or equivalence claim whose difference is significantly non-zero says so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline. At 8 seeds the permutation p's smallest value is 1/256.
+Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome). An equivalence claim whose difference is significantly non-zero (95% interval), whatever its verdict, and a holding no-gain claim whose difference is, say so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline. At 8 seeds the permutation p's smallest value is 1/256.
 
 (end of generated results)
 """
@@ -243,7 +243,7 @@ def summarize(report: dict) -> dict:
                                                           passes=3 * config["budget"]),
                         "log_ratio_worst", ("kdv1d",), "greater", family=FAMILY)
   judged = harness.judge_family([claim], {"log_ratio_worst": {
-      "kdv1d": [m["log_ratio_worst"] for m in metrics]}})
+      "kdv1d": [m["log_ratio_worst"] for m in metrics]}}, table="roundtrip_inverse")
   cells = []
   for j, depth in enumerate(config["depths"]):
     col = lambda f: harness.cell([f(s, m) for s, m in zip(per_seed, metrics)])  # noqa: E731

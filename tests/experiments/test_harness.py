@@ -252,6 +252,31 @@ def test_unit_key_follows_the_testbed_and_the_code(tmp_path):
     harness.check_one_testbed([kdv, dict(kdv, testbed=ks["testbed"])], "toy")
 
 
+def test_unit_key_follows_the_modules_the_unit_imports(monkeypatch):
+  """A table's unit runs code in its runner, config and helper modules besides the file that
+  defines ``run``: an edit to any of them changes the key."""
+  from experiments import averaging, roundtrip
+
+  def rel(files):
+    return {os.path.relpath(f, harness._ROOT) for f in files}
+
+  import inspect
+
+  sweep = averaging.units(averaging.get_config(True))["sweep"]
+  cfg = roundtrip.cfg_lib.get_config(True)
+  rt = next(iter(roundtrip.units(cfg).values()))
+  assert {"experiments/averaging/sweep.py", "experiments/averaging/lm.py"} <= rel(
+      harness._import_closure([inspect.getsourcefile(sweep.run)]))
+  assert {"experiments/roundtrip/unit.py", "experiments/roundtrip/config.py",
+          "experiments/testbeds/__init__.py"} <= rel(
+              harness._import_closure([inspect.getsourcefile(rt.run)]))
+  before = harness.unit_key(sweep)["code"]
+  text = harness._code_text
+  monkeypatch.setattr(harness, "_code_text", lambda path: text(path) + (
+      "edited" if path.endswith(os.path.join("averaging", "lm.py")) else ""))
+  assert harness.unit_key(sweep)["code"] != before
+
+
 def _arm(pass1, **cfg):
   ev = {"pass@1": pass1, "token_entropy": 0.7}
   return {"config": dict({"init_params": "", "eval_problems": 200}, **cfg), "seeds": [0, 1],
@@ -267,6 +292,37 @@ def test_step0_guard_refuses_mixed_starts():
     harness.check_same_start({"arms": {"grpo": _arm(0.148), "ace": _arm(0.247)}})
 
 
+def test_writing_a_table_refuses_mixed_starts(tmp_path):
+  """``harness.write`` runs the guard before judging: nothing reaches the output directory."""
+  exp = harness.Experiment(name="toy", get_config=lambda quick: {}, units=lambda c: {},
+                           summarize=lambda r: {}, render=lambda r: "table")
+  mixed = {"config": {}, "data": {"arms": {"grpo": _arm(0.148), "ace": _arm(0.247)}}}
+  with pytest.raises(harness.MixedStarts, match="start from different policies"):
+    harness.write(exp, mixed, str(tmp_path))
+  assert not os.listdir(tmp_path)
+  harness.write(exp, {"config": {}, "data": {"arms": {"grpo": _arm(0.148)}}}, str(tmp_path))
+  assert (tmp_path / "table.md").read_text() == "table"
+
+
+def test_step0_guard_covers_a_table_with_its_own_layout():
+  """averaging_rl keeps one step-0 pass@1 per seed unit (``t5_rl.starts``): the guard compares
+  them, on the committed table and on a copy whose one seed started elsewhere."""
+  import copy
+  import json
+
+  from experiments.averaging import t5_rl
+
+  with open(os.path.join(harness._ROOT, "results", "averaging_rl", "results.json")) as f:
+    report = json.load(f)
+  starts = t5_rl.starts(report)
+  assert len(starts) == report["config"]["seeds"] >= 2
+  harness.check_starts(t5_rl.EXPERIMENT, report)
+  moved = copy.deepcopy(report)
+  moved["data"]["per_seed"][-1]["start"] += 0.01
+  with pytest.raises(harness.MixedStarts, match="step-0 pass@1"):
+    harness.check_starts(t5_rl.EXPERIMENT, moved)
+
+
 def test_results_record_the_machine_and_each_unit(tmp_path):
   report = harness.run(_toy([]), _args(tmp_path))
   m = report["machine"]
@@ -278,6 +334,12 @@ def test_results_record_the_machine_and_each_unit(tmp_path):
     assert prov["code"] and prov["cpu_model"] == m["cpu_model"] and "commit" in prov
   assert report["testbeds"] == []
   assert m["cpu_model"] in harness.machine_text(m)
+  assert m["cpu_isa"] == harness.cpu_isa() and set(m["cpu_isa"]) <= set(harness.ISA_FLAGS)
+  # The widest vector extension names the kernels XLA:CPU could use: it moves results.
+  assert harness.isa_text(["sse4_2", "avx", "avx2", "avx512f"]) == "AVX-512"
+  assert harness.isa_text(["avx", "avx2", "fma"]) == "AVX2"
+  assert "(AVX2)" in harness.machine_text(dict(m, cpu_isa=["avx", "avx2"]))
+  assert " (AVX" not in harness.machine_text(dict(m, cpu_isa=[]))
 
 
 # ------------------------------------------------------------------ protocol v2: five outcomes
@@ -413,6 +475,19 @@ def test_replication_report_on_a_committed_table(tmp_path, capsys):
   with pytest.raises(ValueError, match=r"seeds 3-6 overlap the committed table's 0-5"):
     harness.replicate(exp, str(tmp_path), seeds=4, seed_offset=3)
   assert (tmp_path / "results.json").read_text() == committed_json
+  # Another seed set goes beside the committed replication, never over it.
+  replication_md = (tmp_path / "replication.md").read_bytes()
+  other = harness.replicate(exp, str(tmp_path), seeds=3, seed_offset=200, no_progress=True)
+  assert (tmp_path / "replication.md").read_bytes() == replication_md
+  assert other["markdown"] == str(tmp_path / "replication-200x3" / "replication.md")
+  assert "3 fresh seeds (from 200" in (tmp_path / "replication-200x3" / "replication.md").read_text()
+  assert (tmp_path / "replication-200x3" / "results.json").exists()
+  # The same seed set again rewrites the committed replication (same design, same seeds).
+  again = harness.replicate(exp, str(tmp_path), seeds=4, seed_offset=100, no_progress=True)
+  assert again["markdown"] == str(tmp_path / "replication.md")
+  # SESOI, declaring commit and any note travel into the report.
+  header = next(line for line in text.splitlines() if line.startswith("| claim"))
+  assert "| SESOI | declared |" in header and "protocol v2" in text
 
 
 def test_replication_flags_a_changed_effect(tmp_path):
@@ -492,3 +567,68 @@ def test_near_notes_for_less_and_equivalence_claims():
   (v,) = judge([claim(direction="equivalent", margin=0.02)], base + 0.02 - hi90 - 0.0002,
                np.zeros(6))
   assert v.verdict == "reproduced" and "near its threshold" in v.note
+
+
+def test_exploratory_claims_are_holm_adjusted_apart(monkeypatch):
+  """Claims declared after the run that motivated them never share a Holm correction with the
+  pre-declared claims of their family, and a table judged without knowing which is refused."""
+  decl = {"x": {"declared": "aaa"}, "y": {"declared": "bbb", "exploratory": True}}
+  monkeypatch.setattr(harness, "declarations", lambda table: decl if table == "toy" else {})
+  claims = [claim(id="x", family="f"), claim(id="y", family="f")]
+  p = stats.t_test(HI, LO, alternative="greater")
+  mixed = judge(claims, HI, LO)
+  np.testing.assert_allclose([v.p_holm for v in mixed], [2 * p, 2 * p])
+  apart = harness.judge_family(claims, {"m": {"a": HI, "b": LO}}, table="toy")
+  np.testing.assert_allclose([v.p_holm for v in apart], [p, p])
+  assert [v.claim.exploratory for v in apart] == [False, True]
+  with pytest.raises(ValueError, match="claim 'y' is declared exploratory but was Holm-adjusted"):
+    harness.declare("toy", {"claims": [v.to_json() for v in mixed]})
+  stamped = harness.declare("toy", {"claims": [v.to_json() for v in apart]})["claims"]
+  assert [(c["claim"]["declared"], c["claim"]["exploratory"]) for c in stamped] == [
+      ("aaa", False), ("bbb", True)]
+
+
+def test_equivalence_significantly_off_zero_says_so_whatever_its_verdict():
+  """Protocol v2 point 4: an equivalence claim whose estimate is significant on one side says so
+  beside the verdict, also when TOST does not reject (inconclusive)."""
+  b = [0.150, 0.152, 0.148, 0.151, 0.149, 0.150, 0.147, 0.153]
+  a = [0.146, 0.136, 0.143, 0.140, 0.145, 0.139, 0.144, 0.133]
+  (v,) = judge([claim(direction="equivalent", margin=0.01)], a, b)
+  assert v.verdict == "inconclusive" and v.lo < -0.01 < v.hi
+  assert v.note.startswith("but a - b is significantly below 0")
+  # A no-gain claim that is not reproduced keeps its verdict without the note (the rule itself
+  # speaks to the gain).
+  (v,) = judge([claim(direction="not_greater", sesoi=0.001)], [x + 0.02 for x in b], b)
+  assert v.verdict == "not reproduced" and "significantly" not in v.note
+
+
+def test_a_rule_no_oracle_is_shown_to_meet_is_not_testable_by_hand(monkeypatch):
+  """Hand case for *not testable* (experiments/roundtrip/claims.py): C_i's selective cut is far
+  above the 15% rule on both systems, but only on "b" is the oracle ranking shown to clear it;
+  on "a" the oracle's own cut straddles 0.15, so the rule tests nothing about C_i there."""
+  from experiments.roundtrip import claims as CL
+
+  monkeypatch.setattr(CL, "per_seed_values", lambda values: values)
+  seeds = 6
+  jitter = np.linspace(-1, 1, seeds)
+
+  def system(oracle_cut):
+    vals = {CL.GATE.metric: list(0.9 + 0.01 * jitter)}
+    for pc in CL.CLAIMS:
+      for part in pc.parts:  # every part clearly met by C_i
+        sign = -1 if part.direction == "less" else 1
+        vals[part.metric] = list(part.center + sign * (0.3 + 0.01 * jitter))
+    for _, part in CL.ATTAINABLE:
+      vals[part.metric] = list(part.center + 0.3 + 0.01 * jitter)
+    vals["cut_oracle_depth_mean"] = list(oracle_cut + 0.02 * jitter)
+    return vals
+
+  out = CL.judge({"a": system(CL.SELECTIVE_CUT), "b": system(CL.SELECTIVE_CUT + 0.2)},
+                 {"a": "fair", "b": "fair"})
+  cut = next(c for c in out["claims"] if c["id"] == "selective_cut")
+  assert cut["oracle_fails"] == ["a"]
+  assert cut["systems"] == {"a": harness.NOT_TESTABLE, "b": harness.REPRODUCED}
+  assert cut["verdict"] == harness.INCONCLUSIVE  # the deciding systems disagree
+  out = CL.judge({"a": system(CL.SELECTIVE_CUT)}, {"a": "fair"})
+  cut = next(c for c in out["claims"] if c["id"] == "selective_cut")
+  assert cut["verdict"] == harness.NOT_TESTABLE
