@@ -64,3 +64,31 @@ def test_collect_reads_the_units_of_the_runs_own_seeds(monkeypatch):
   inv = inverse.EXPERIMENT.replicate(inverse.get_config(True), 2, 7)
   got = inverse.collect(inv, {"s7": {"seed": 7}, "s8": {"seed": 8}})
   assert [s["seed"] for s in got["per_seed"]] == [7, 8]
+
+
+def _seeds_and_starts(units):
+  arms = {k: u.spec for k, u in units.items() if "seeds" in u.spec}
+  return arms, {s for spec in arms.values() for s in spec["seeds"]}
+
+
+def test_dars_replication_runs_every_arm_at_fresh_seeds_from_the_pin():
+  from experiments import dars
+
+  committed = dars.get_config(False)
+  arms, seeds = _seeds_and_starts(dars.units(dars.EXPERIMENT.replicate(committed, 3, 1000)))
+  committed_arms, committed_seeds = _seeds_and_starts(dars.units(committed))
+  assert set(arms) == set(committed_arms) and seeds == {1000, 1001, 1002}
+  assert committed_seeds == set(range(committed["seeds"]))
+  assert harness.testbeds_in(list(arms.values())) == [testbeds.PINNED["b23-sft"]]
+
+
+def test_mc_grpo_replication_runs_the_primary_table_at_fresh_seeds_from_the_pin():
+  from experiments import mc_grpo
+
+  committed = mc_grpo.get_config(False)
+  arms, seeds = _seeds_and_starts(mc_grpo.units(mc_grpo.EXPERIMENT.replicate(committed, 3, 1000)))
+  committed_arms, _ = _seeds_and_starts(mc_grpo.units(committed))
+  # The exploratory 0/1-reward and other-base arms are left out; the primary arms all run.
+  assert set(arms) == set(mc_grpo.arm_names(mc_grpo._sizes(committed)))
+  assert set(arms) < set(committed_arms) and seeds == {1000, 1001, 1002}
+  assert harness.testbeds_in(list(arms.values())) == [testbeds.PINNED["b23-sft"]]
