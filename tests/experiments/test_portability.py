@@ -36,9 +36,14 @@ def test_committed_table_renders_from_its_results():
     for r in host.values():
       assert r["sft_digest"] != v["default"]["sft_digest"] and r["sft_max_abs_diff_vs_pin"] > 0
       assert max(abs(a - b) for a, b in zip(r["rl_pass1"], v["default"]["rl_pass1"])) <= 0.003
-  # Older code (before the pin) retrains, on this host's code path, the pinned start itself.
+  # Other code versions retrain, on this host's code path, the pinned start itself; one with the
+  # pin trains the RL arm to the default variant's weights, bitwise (two code versions, one
+  # arithmetic).
   for r in report["old_code"].values():
     assert r["bitwise_equal_to_pin"]
+  with_rl = [r for r in report["old_code"].values() if "rl_digest" in r]
+  assert with_rl and all(r["rl_bitwise_equal_to_default"] for r in with_rl)
+  assert all(r["rl_pass1"] == v["default"]["rl_pass1"] for r in with_rl)
 
 
 def test_old_code_refuses_what_is_not_a_commit(tmp_path):
