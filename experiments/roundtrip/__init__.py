@@ -34,7 +34,7 @@ this docstring and the results section of ``experiments/roundtrip/README.md``.
 
 Results on this CPU (generated from results/roundtrip/table.md; do not edit by hand):
 
-`python scripts/reproduce.py roundtrip`: seeds: kdv1d 10 (10 from power: pilot SD 0.145, minimum effect 0.2, 80% power at alpha 0.05 by the two-sided two-sample formula; floor 8), ks1d 3 (capped: it decides nothing) (model initialisation and training noise; data fixed, dataset seed 0); 22.3 min of training and evaluation over 43 units (x86_64 (CPU model not recorded), 2 CPU cores, jax 0.10.2 on cpu). Minimum detectable effect of the paper's parts: 0.0149-0.443 (each part's in its row). Cells: mean [95% Student-t interval over seeds].
+`python scripts/reproduce.py roundtrip`: seeds: kdv1d 10 (10 from power: pilot SD 0.145, minimum effect 0.2, 80% power at alpha 0.05 by the two-sided two-sample formula; floor 8), ks1d 3 (capped: it decides nothing) (model initialisation and training noise; data fixed, dataset seed 0); 93.7 min of training and evaluation over 43 units (AMD EPYC, 2 CPU cores, jax 0.10.2 on cpu). Minimum detectable effect of the paper's parts: 0.0149-0.443 (each part's in its row). Cells: mean [95% Student-t interval over seeds].
 
 ## Paper claims
 

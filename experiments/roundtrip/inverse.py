@@ -37,7 +37,7 @@ Outputs in ``--out`` (default ``results/roundtrip_inverse``): ``table.md``, ``re
 
 Results on this CPU (generated from results/roundtrip_inverse/table.md; do not edit by hand):
 
-`python scripts/reproduce.py roundtrip_inverse`: 8 seeds (the project's floor; not from power) (model initialisation and training noise); kdv1d, the round-trip table's bidirectional model (1000 steps at batch 64, 4 Euler sampler steps per physical step); 16 test trajectories, recover x_0 from the true x_d at depths 1, 4; Adam from x := x_d at learning rates 0.01, 0.03, 0.1, the best per seed and depth; 16.8 min on x86_64 (CPU model not recorded), 2 CPU cores, jax 0.10.2 on cpu. Minimum detectable effect: 0.18. Cells: mean [95% t interval over seeds].
+`python scripts/reproduce.py roundtrip_inverse`: 8 seeds (the project's floor; not from power) (model initialisation and training noise); kdv1d, the round-trip table's bidirectional model (1000 steps at batch 64, 4 Euler sampler steps per physical step); 16 test trajectories, recover x_0 from the true x_d at depths 1, 4; Adam from x := x_d at learning rates 0.01, 0.03, 0.1, the best per seed and depth; 60.1 min on AMD EPYC, 2 CPU cores, jax 0.10.2 on cpu. Minimum detectable effect: 0.18. Cells: mean [95% t interval over seeds].
 
 ## Paper claims
 
