@@ -528,7 +528,7 @@ def provenance_note(report: Mapping) -> str:
   elif beds is None:
     start = "an SFT start retrained on that machine (results older than pinned testbeds)"
   else:
-    start = "starts trained within the run (no pinned testbed)"
+    start = "starts made within the run (nothing pinned: seeded initialisation, generated data)"
   return f"Run on {machine_text(m)} at commit {commit}, from {start}."
 
 
