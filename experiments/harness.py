@@ -953,14 +953,20 @@ def jsonable(x):
 def cpu_model() -> str:
   """The CPU's model name ('AMD EPYC 7B13', 'Intel(R) Xeon(R) CPU @ 2.20GHz'), or the
   architecture where the system does not say."""
+  return _cpuinfo(("model name",)) or platform.processor() or platform.machine()
+
+
+def _cpuinfo(keys: tuple[str, ...]) -> str:
+  """The value of the first /proc/cpuinfo line whose name starts with one of ``keys`` ('' where
+  the system has no such file or line)."""
   try:
     with open("/proc/cpuinfo") as f:
       for line in f:
-        if line.lower().startswith("model name"):
+        if line.lower().startswith(keys):
           return line.split(":", 1)[1].strip()
   except OSError:
-    pass
-  return platform.processor() or platform.machine()
+    return ""
+  return ""
 
 
 # The vector extensions XLA:CPU may generate code for: two hosts that differ in these run other
@@ -973,15 +979,8 @@ ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx
 def cpu_isa() -> list[str]:
   """The CPU's vector extensions among ``ISA_FLAGS`` (from /proc/cpuinfo; empty where the system
   does not say)."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.lower().startswith(("flags", "features")):
-          have = set(line.split(":", 1)[1].split())
-          return [x for x in ISA_FLAGS if x in have]
-  except OSError:
-    pass
-  return []
+  have = set(_cpuinfo(("flags", "features")).split())
+  return [x for x in ISA_FLAGS if x in have]
 
 
 def isa_text(isa: Sequence[str] | None) -> str:
