@@ -57,6 +57,7 @@ import time
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+from scipy.stats import binom
 from scipy.stats import norm as normal
 
 from rlpost import progress as progress_lib
@@ -1386,8 +1387,10 @@ def compare(committed: Mapping, new: Mapping, level: float = 0.95) -> list[dict]
 
 
 def replication_markdown(name: str, committed: Mapping, new: Mapping, rows: list[dict],
-                         command_line: str, digits: int = 3) -> str:
-  """``replication.md``: what was rerun where, and per claim committed vs new."""
+                         command_line: str, digits: int = 3, scope: str | None = None) -> str:
+  """``replication.md``: what was rerun where, and per claim committed vs new. ``scope``: what
+  the runs share, so what the comparison tests (default: the RL tables' fixed test problems and
+  evaluation key)."""
   def iv(v):
     return f"{v['diff']:+.{digits}f} [{v['lo']:+.{digits}f}, {v['hi']:+.{digits}f}]"
 
@@ -1421,11 +1424,30 @@ def replication_markdown(name: str, committed: Mapping, new: Mapping, rows: list
     lines.append(f"| {r['text']} | {sesoi_text(n['claim'])} | {declared_text(n['claim'])} | "
                  f"{iv(c)} | {verdict(c)} | {iv(n)} | {verdict(n)} | {change[0]} | "
                  f"{change[1]} | {'yes' if r['agree'] else 'no'} |")
-  lines += ["", "Verdicts follow protocol v2 (experiments/STATISTICS.md) in both runs, judged by "
+  lines += ["", chance_note(rows),
+            "", "Verdicts follow protocol v2 (experiments/STATISTICS.md) in both runs, judged by "
             "the table's own rules. Intervals of equivalence claims are their 90% TOST "
-            "intervals. Both runs use the same fixed test problems and evaluation key, so the "
-            "test compares training seeds only."]
+            "intervals. " + (scope or "Both runs use the same fixed test problems and evaluation "
+                             "key, so the test compares training seeds only.")]
   return "\n".join(lines) + "\n"
+
+
+def chance_note(rows: list[dict], alpha: float = 0.05) -> str:
+  """How many changes were significant against how many chance alone gives: with both runs
+  drawn from one distribution each change test rejects with probability ``alpha``; the binomial
+  tail treats the claims as independent, which claims sharing an arm are not."""
+  tested = [r for r in rows if r["change"] is not None]
+  k = sum(r["change"]["p"] <= alpha for r in tested)
+  if not tested:
+    return "No claim has per-seed values in both runs, so no change was tested."
+  if not k:
+    return (f"Changes significant at {alpha:g}: 0 of {len(tested)}; chance alone gives "
+            f"{alpha * len(tested):.2g} on average.")
+  p = float(binom.sf(k - 1, len(tested), alpha))
+  return (f"Changes significant at {alpha:g}: {k} of {len(tested)}; chance alone gives "
+          f"{alpha * len(tested):.2g} on average (P(>= {k}) = {p:.2g} were the claims "
+          "independent; claims that share an arm move together, which makes several changes "
+          "at once likelier than this P says).")
 
 
 def replicate(exp: Experiment, out_dir: str, *, seeds: int | None = None,

@@ -7,12 +7,16 @@ without averaging, and (ii) unlike iterate averaging from the beginning, the bia
 with EMA decays exponentially in every eigen-subspace of the data covariance.
 
 Command:  python -m experiments.averaging.ema_risk [--quick] [--seeds N] [--out DIR] [--rejudge]
+          python -m experiments.averaging.ema_risk --replicate [--seed-offset S]
 Hardware: CPU (2 cores), float64; every seed of the pilot and of the main run advances in one
 jitted, vmapped program (``jax.vmap`` over seeds, ``lax.scan`` over steps). The default size runs
 in well under a minute, ``--quick`` in seconds. Outputs in ``--out`` (default results/averaging):
 ``ema_risk.json`` (config, machine, wall time, seed ids, every per-seed value and evaluation point,
 the exact expected curves, the verdicts) and ``ema_risk.md`` (the table); a default-size run into
 the default directory also rewrites the generated section of experiments/averaging/README.md.
+``--replicate`` reruns the committed table at main seed ids it did not use (from ``--seed-offset``,
+default 1000) and writes ``ema_risk-replication.md`` (per claim: committed and new interval,
+verdicts, and the two-sample test of their change) and ``ema_risk-replication.json``.
 
 Setup. x ~ N(0, H), H = diag(lambda_i), lambda_i = i^-a (i = 1..d); y = <w*, x> + xi, xi ~ N(0,
 sigma^2), w* = (1, ..., 1); one fresh sample per step, w_0 = 0,
@@ -128,6 +132,7 @@ class Config:
   pilot_seeds: int = 16
   min_seeds: int = 64
   seeds: int | None = None  # main seeds; None: from the pilot's power calculation
+  seed_offset: int = 0  # the first main seed id (a replication runs ids the table did not use)
 
 
 def get_config(quick: bool) -> dict:
@@ -456,7 +461,7 @@ def run(config: dict) -> dict:
   t_pilot = time.perf_counter() - t0
   plan = power_plan(p, claim_values(curve_metrics(pilot_risks, p), p), config["min_seeds"])
   n = int(config["seeds"]) if config.get("seeds") else plan["seeds"]
-  ids = np.arange(n)
+  ids = int(config.get("seed_offset", 0)) + np.arange(n)
   t1 = time.perf_counter()
   risks, gap = simulate(p, ids)
   t_main = time.perf_counter() - t1
@@ -716,12 +721,21 @@ def main(argv=None) -> dict:
   ap.add_argument("--out", help=f"output directory (default {DEFAULT_OUT})")
   ap.add_argument("--rejudge", action="store_true",
                   help="re-judge the ema_risk.json already in --out (no simulation)")
+  ap.add_argument("--replicate", action="store_true",
+                  help="rerun the committed table in --out at fresh seed ids and compare per "
+                       "claim (ema_risk-replication.md); --seeds defaults to the table's")
+  ap.add_argument("--seed-offset", type=int, default=1000,
+                  help="with --replicate: the first fresh seed id (default 1000)")
   args = ap.parse_args(argv)
   if args.seeds is not None and args.seeds < 2:
     ap.error("--seeds must be >= 2")
+  if args.replicate and (args.quick or args.rejudge):
+    ap.error("--replicate reruns the committed table: not with --quick or --rejudge")
   out = args.out or DEFAULT_OUT
   if os.path.exists(out) and not os.path.isdir(out):
     raise NotADirectoryError(f"--out {out} is a file; it must be a directory (or not exist)")
+  if args.replicate:
+    return replicate(out, seeds=args.seeds, seed_offset=args.seed_offset)
   sync = args.out is None and not args.quick
   if args.rejudge:
     path = os.path.join(out, f"{NAME}.json")
@@ -742,6 +756,53 @@ def main(argv=None) -> dict:
   if sync:
     sync_readme(render(report))
   return report
+
+
+def replicate(out: str, *, seeds: int | None = None, seed_offset: int = 1000) -> dict:
+  """Rerun the committed table (``out/ema_risk.json``) at main seed ids it did not use, judge it
+  as the table is judged and compare per claim (``harness.compare``): writes
+  ``out/ema_risk-replication.json`` and ``out/ema_risk-replication.md`` (printed). Refuses,
+  before any simulation, a missing table and ids that overlap its main or pilot seeds."""
+  path = os.path.join(out, f"{NAME}.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"--replicate: no committed {path}; run python -m "
+                            "experiments.averaging.ema_risk first")
+  with open(path) as f:
+    committed = json.load(f)
+  old_ids = set(committed["data"]["seed_ids"]) | set(committed["data"]["pilot_seed_ids"])
+  n = int(seeds or len(committed["data"]["seed_ids"]))
+  if n < 2:
+    raise ValueError(f"--seeds {n}: a replication needs >= 2 seeds")
+  if seed_offset < 0 or old_ids & set(range(seed_offset, seed_offset + n)):
+    raise ValueError(f"--seed-offset {seed_offset}: seed ids {seed_offset}-{seed_offset + n - 1} "
+                     f"overlap the committed table's main or pilot seeds (in {path}); a "
+                     "replication uses seeds the table did not use")
+  config = dict(committed["config"], seeds=n, seed_offset=seed_offset)
+  t0 = time.perf_counter()
+  data = run(config)
+  secs = time.perf_counter() - t0
+  line = (f"python -m experiments.averaging.ema_risk --replicate --seeds {n} --seed-offset "
+          f"{seed_offset}")
+  report = harness.jsonable({
+      "experiment": NAME, "paper": PAPER, "command": line, "config": config,
+      "machine": harness.machine(), "seconds": secs, "unit_seconds": secs, "testbeds": [],
+      "data": data, "replication_of": {"commit": committed.get("machine", {}).get("commit"),
+                                       "seeds": len(committed["data"]["seed_ids"]),
+                                       "seed_offset": committed["config"].get("seed_offset", 0)}})
+  report["summary"] = harness.declare(NAME, summarize(report))
+  # the committed config may leave its seed count to the power plan: name the count it ran
+  committed = harness.jsonable(dict(
+      committed, summary=harness.declare(NAME, summarize(committed)),
+      config=dict(committed["config"], seeds=len(committed["data"]["seed_ids"]))))
+  rows = harness.compare(committed["summary"], report["summary"])
+  text = harness.replication_markdown(
+      NAME, committed, report, rows, line,
+      scope="Every risk is exact (no test sample), so the test compares sample streams (seeds) "
+            "only.")
+  _write_text(os.path.join(out, f"{NAME}-replication.json"), json.dumps(report))
+  _write_text(os.path.join(out, f"{NAME}-replication.md"), text)
+  print(text)
+  return {"report": report, "rows": rows}
 
 
 if __name__ == "__main__":

@@ -126,6 +126,34 @@ def test_quick_run_writes_the_declared_outputs(tmp_path):
   assert again["summary"]["verdicts"] == res["summary"]["verdicts"]
 
 
+def test_replication_reruns_the_committed_table_at_fresh_seed_ids(tmp_path, capsys):
+  out = tmp_path / "averaging"
+  res = M.main(["--quick", "--out", str(out)])
+  committed = (out / "ema_risk.json").read_bytes()
+  n = len(res["data"]["seed_ids"])
+  rep = M.main(["--replicate", "--out", str(out), "--seed-offset", "500"])
+  assert (out / "ema_risk.json").read_bytes() == committed  # what it reads is kept
+  new = json.loads((out / "ema_risk-replication.json").read_text())
+  assert new["data"]["seed_ids"] == list(range(500, 500 + n))
+  assert new["config"] == dict(res["config"], seeds=n, seed_offset=500)
+  ids = [r["claim"]["id"] for r in res["summary"]["claims"]]
+  assert [r["id"] for r in rep["rows"]] == ids
+  moved = [r for r in rep["rows"] if r["committed"]["diff"] != r["new"]["diff"]]
+  assert len(moved) == len(ids)  # fresh sample streams: every estimate differs
+  for r in rep["rows"]:
+    assert r["change"] is not None and 0 <= r["change"]["p"] <= 1
+  text = (out / "ema_risk-replication.md").read_text()
+  assert text in capsys.readouterr().out
+  assert f"{n} fresh seeds (from 500; the committed table used {n} seeds from 0)" in text
+  assert "compares sample streams (seeds) only" in text and "Changes significant at" in text
+  # ids the table used (main or pilot) are refused before any simulation
+  for offset in (0, M.PILOT_SEED_BASE - 1):
+    with pytest.raises(ValueError, match=f"--seed-offset {offset}: seed ids .* overlap"):
+      M.main(["--replicate", "--out", str(out), "--seed-offset", str(offset)])
+  with pytest.raises(FileNotFoundError, match="no committed"):
+    M.main(["--replicate", "--out", str(tmp_path / "none")])
+
+
 def test_quick_run_moved(tmp_path):
   """Precondition of every comparison: SGD left w_0, and the arms differ."""
   config = M.get_config(quick=True)

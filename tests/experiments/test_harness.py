@@ -1,5 +1,6 @@
 """Claims as data judged by rlpost.eval.stats: directions, margins, equivalence, Holm."""
 
+import math
 import os
 
 import numpy as np
@@ -499,6 +500,22 @@ def test_replication_flags_a_changed_effect(tmp_path):
   assert row["change"]["p"] < 0.001 and row["change"]["diff"] == pytest.approx(
       row["committed"]["diff"] - row["new"]["diff"])
   assert "0 of 1 claims agree" in (tmp_path / "replication.md").read_text()
+  assert "Changes significant at 0.05: 1 of 1; chance alone gives 0.05 on average (P(>= 1) = " \
+         "0.05 were" in (tmp_path / "replication.md").read_text()
+
+
+def test_chance_note_counts_significant_changes_against_the_binomial():
+  def row(p):
+    return {"change": None if p is None else {"p": p}}
+  # 3 of 7 changes at p <= 0.05: P(X >= 3) for X ~ Binomial(7, 0.05), by hand
+  want = 1 - sum(math.comb(7, i) * 0.05**i * 0.95**(7 - i) for i in range(3))
+  text = harness.chance_note([row(0.02), row(0.007), row(0.05), row(0.4), row(0.9), row(0.06),
+                              row(0.3), row(None)])
+  assert text.startswith("Changes significant at 0.05: 3 of 7; chance alone gives 0.35 on "
+                         f"average (P(>= 3) = {want:.2g} were the claims independent")
+  assert harness.chance_note([row(0.5), row(0.2)]) == (
+      "Changes significant at 0.05: 0 of 2; chance alone gives 0.1 on average.")
+  assert harness.chance_note([row(None)]).startswith("No claim has per-seed values")
 
 
 def test_verdicts_near_their_threshold_say_so():
