@@ -1496,6 +1496,51 @@ def replicate(exp: Experiment, out_dir: str, *, seeds: int | None = None,
   return _write_replication(exp, committed, report, rep_dir)
 
 
+def committed_arm(report: Mapping, name: str) -> Mapping | None:
+  """The committed result of RL arm ``name`` (``rl_seeds.run_arm``'s output: "seeds" and
+  "evals") in a table's report, wherever its ``data`` keeps it; None if it has none."""
+  data = report.get("data") or {}
+  arm = (data.get("arms") or {}).get(name, data.get(name))
+  return arm if isinstance(arm, Mapping) and "evals" in arm and "seeds" in arm else None
+
+
+def recheck(exp: Experiment, out_dir: str, names: Sequence[str]) -> dict:
+  """Retrain the committed table's RL arms ``names`` at its own config and seeds, on this machine
+  and code (no cache), and compare every evaluation metric of every seed with the committed run:
+  ``{name: {"bitwise", "max_abs_diff", "per_seed_max", "seconds"}}``, printed. On the machine
+  and code that ran the table the contract is bitwise; elsewhere it says how far the arm moved.
+  Refuses (ValueError, before any training) a name that is not a committed RL arm."""
+  committed = read_report(exp, out_dir)
+  units = exp.units(committed["config"])
+  arms = [n for n in units if committed_arm(committed, n) is not None]
+  for n in names:
+    if n not in arms:
+      raise ValueError(f"--recheck {n}: not an RL arm of the committed table in "
+                       f"{os.path.join(out_dir, 'results.json')} (its arms: "
+                       f"{', '.join(arms) or 'none'})")
+  out = {}
+  for n in names:
+    t0 = time.perf_counter()
+    new, old = units[n].run(lambda *_: None), committed_arm(committed, n)
+    if list(new["seeds"]) != list(old["seeds"]) or len(new["evals"]) != len(old["evals"]):
+      raise ValueError(f"--recheck {n}: the rerun's seeds or evaluation points differ from the "
+                       "committed ones; the table's design changed since it ran")
+    per_seed = [0.0] * len(old["seeds"])
+    for e_new, e_old in zip(new["evals"], old["evals"]):
+      for i, (a, b) in enumerate(zip(e_new["per_seed"], e_old["per_seed"])):
+        for key in set(a) & set(b):
+          if isinstance(b[key], (int, float)) and not isinstance(b[key], bool):
+            per_seed[i] = max(per_seed[i], abs(float(a[key]) - float(b[key])))
+    out[n] = {"bitwise": max(per_seed) == 0.0, "max_abs_diff": max(per_seed),
+              "per_seed_max": per_seed, "seconds": time.perf_counter() - t0}
+    print(f"{n}: seeds {old['seeds'][0]}-{old['seeds'][-1]}, {len(old['evals'])} evaluations: "
+          + ("bitwise equal to the committed run" if out[n]["bitwise"] else
+             f"largest |difference| {max(per_seed):.3g} (per seed: "
+             + ", ".join(f"{d:.2g}" for d in per_seed) + ")")
+          + f"; {out[n]['seconds']:.0f} s on {machine_text(machine())}", flush=True)
+  return out
+
+
 def replication_dir(out_dir: str, seeds: int, seed_offset: int) -> str:
   """Where a replication at ``seeds`` seeds from ``seed_offset`` goes: ``out_dir/replication``
   (the table's committed replication, with ``out_dir/replication.md``) when none is there or it

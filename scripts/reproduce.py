@@ -7,6 +7,8 @@
     python scripts/reproduce.py dars --rejudge       # re-judge results/dars/results.json (seconds)
     python scripts/reproduce.py ace --replicate --seeds 4   # fresh seeds from the pinned start,
                                                      # compared claim by claim with results/ace
+    python scripts/reproduce.py mc_grpo --recheck G2-median  # retrain committed arms at their
+                                                     # seeds here: bitwise, or how far it moved
     python scripts/reproduce.py mc_grpo --full --runs runs/ --prefix math-  # full-size runs
 
 Each entry of ``EXPERIMENTS`` names a module whose ``EXPERIMENT`` is an
@@ -68,6 +70,10 @@ def main(argv=None):
                        "(writes --out/replication.md and --out/replication/, or "
                        "--out/replication-<offset>x<seeds>/ beside a committed replication "
                        "at other seeds)")
+  ap.add_argument("--recheck", nargs="+", metavar="ARM",
+                  help="retrain these RL arms of the committed table at its own seeds on this "
+                       "machine and code, and compare every evaluation with it (bitwise or how "
+                       "far it moved); nothing is written")
   ap.add_argument("--seed-offset", type=int, default=1000,
                   help="with --replicate: the first fresh seed (default 1000); --replicate "
                        "--rejudge re-judges an existing replication without training")
@@ -114,6 +120,13 @@ def _main(ap, args):
   if os.path.exists(args.out) and not os.path.isdir(args.out):
     raise NotADirectoryError(f"--out {args.out} is a file; it must be a directory (or not exist)")
   sync = default_out and not args.quick
+  if args.recheck:
+    if args.quick or args.replicate or args.rejudge:
+      ap.error("--recheck reruns arms of the committed table: not with --quick, --replicate or "
+               "--rejudge")
+    if not os.path.exists(os.path.join(args.out, "results.json")):
+      raise FileNotFoundError(f"--recheck: no committed results.json in {args.out}")
+    return harness.recheck(exp, args.out, args.recheck)
   if args.replicate:
     if args.quick:
       ap.error("--replicate compares with the committed full run: not with --quick")

@@ -99,3 +99,14 @@ def test_replicate_flag_errors():
   with pytest.raises(SystemExit) as e:
     reproduce.main(["ace", "--replicate", "--quick"])
   assert e.value.code == 2
+
+
+def test_recheck_flag_errors(tmp_path, capsys):
+  with pytest.raises(SystemExit) as e:
+    reproduce.main(["ace", "--recheck", "grpo", "--quick"])
+  assert e.value.code == 2 and "--recheck reruns arms" in capsys.readouterr().err
+  with pytest.raises(FileNotFoundError, match="--recheck: no committed results.json"):
+    reproduce.main(["ace", "--recheck", "grpo", "--out", str(tmp_path)])
+  # an arm the committed table does not have is refused before anything trains
+  with pytest.raises(ValueError, match="--recheck nope: not an RL arm .* grpo, ace"):
+    reproduce.main(["ace", "--recheck", "nope"])

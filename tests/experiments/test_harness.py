@@ -649,3 +649,54 @@ def test_a_rule_no_oracle_is_shown_to_meet_is_not_testable_by_hand(monkeypatch):
   out = CL.judge({"a": system(CL.SELECTIVE_CUT)}, {"a": "fair"})
   cut = next(c for c in out["claims"] if c["id"] == "selective_cut")
   assert cut["verdict"] == harness.NOT_TESTABLE
+
+
+def _rl_like(calls, drift):
+  """A table whose units return ``rl_seeds.run_arm``-shaped arms (seeds, per-seed evaluations);
+  ``drift[0]`` is added to every pass@1 of arm b, standing in for another machine."""
+  import dataclasses as dc
+
+  exp = _toy(calls)
+
+  def unit(arm, seeds):
+    def run(progress):
+      calls.append(arm)
+      base = np.arange(seeds) * 0.01 + (0.1 if arm == "b" else 0.0)
+      evals = [{"step": s, "per_seed": [{"pass@1": float(v + s + (drift[0] if arm == "b" else 0)),
+                                         "n": 3} for v in base]} for s in (0, 1)]
+      return {"seeds": list(range(seeds)), "evals": evals, "values": base.tolist()}
+    return harness.Unit({"arm": arm, "seeds": seeds}, run)
+
+  def collect(config, results):
+    return {"arms": dict(results)}
+
+  def summarize(report):
+    values = {"values": {a: d["values"] for a, d in report["data"]["arms"].items()}}
+    claims = [harness.Claim("b_beats_a", "b beats a", "values", ("b", "a"), family="toy")]
+    return {"claims": [v.to_json() for v in harness.judge_family(claims, values)]}
+
+  return dc.replace(exp, units=lambda config: {a: unit(a, config["seeds"]) for a in "ab"},
+                    collect=collect, summarize=summarize)
+
+
+def test_recheck_retrains_committed_arms_and_compares_every_evaluation(tmp_path, capsys):
+  calls, drift = [], [0.0]
+  exp = _rl_like(calls, drift)
+  harness.run(exp, _args(tmp_path, quick=False))
+  committed = (tmp_path / "results.json").read_bytes()
+  calls.clear()
+  out = harness.recheck(exp, str(tmp_path), ["b"])
+  assert calls == ["b"]  # retrained, not read from the cache
+  assert out["b"]["bitwise"] and out["b"]["per_seed_max"] == [0.0] * 5
+  assert "b: seeds 0-4, 2 evaluations: bitwise equal to the committed run" in capsys.readouterr().out
+  drift[0] = 0.004  # another machine: every pass@1 of b moved
+  out = harness.recheck(exp, str(tmp_path), ["a", "b"])
+  assert out["a"]["bitwise"] and not out["b"]["bitwise"]
+  assert out["b"]["max_abs_diff"] == pytest.approx(0.004)
+  assert "largest |difference| 0.004" in capsys.readouterr().out
+  assert (tmp_path / "results.json").read_bytes() == committed  # nothing is written
+  calls.clear()
+  with pytest.raises(ValueError, match=r"--recheck c: not an RL arm of the committed table .* "
+                                       r"\(its arms: a, b\)"):
+    harness.recheck(exp, str(tmp_path), ["b", "c"])
+  assert calls == []  # refused before any training
