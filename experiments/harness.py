@@ -1365,8 +1365,9 @@ def compare(committed: Mapping, new: Mapping, level: float = 0.95) -> list[dict]
   """Per claim judged in both summaries: the committed and the new difference with their
   intervals and verdicts, and whether they agree: the change of the difference between the runs
   (``stats.diff_of_diffs``, two-sided Welch-Satterthwaite) is not significant at 1 - ``level``
-  and the verdicts are equal. Claims without per-seed values (judged before protocol v2) get no
-  test."""
+  and the verdicts are equal; and, descriptively, the difference over both runs' seeds pooled
+  (``row["pooled"]``, the claim's own interval kind at ``level``). Claims without per-seed
+  values (judged before protocol v2) get neither."""
   old, cur = verdicts_in(committed), verdicts_in(new)
   rows = []
   for cid, v in cur.items():
@@ -1374,12 +1375,17 @@ def compare(committed: Mapping, new: Mapping, level: float = 0.95) -> list[dict]
       continue
     o = old[cid]
     row = {"id": cid, "text": v["claim"]["text"], "committed": o, "new": v,
-           "same_verdict": o["verdict"] == v["verdict"], "change": None}
+           "same_verdict": o["verdict"] == v["verdict"], "change": None, "pooled": None}
     if o.get("values") and v.get("values"):
       paired = bool(v["claim"].get("paired")) or len(v["claim"]["arms"]) == 1
       dd, lo, hi, p = stats.diff_of_diffs(*o["values"], *v["values"], level=level,
                                           paired=paired)
       row["change"] = {"diff": dd, "lo": lo, "hi": hi, "p": p}
+      # both seed sets as one sample: descriptive, never a verdict (chosen after both ran)
+      a, b = (list(x) + list(y) for x, y in zip(o["values"], v["values"]))
+      d, lo, hi = stats.diff_interval(a, b, level, paired=paired,
+                                      method="t" if paired else "welch")
+      row["pooled"] = {"diff": d, "lo": lo, "hi": hi, "seeds": len(a)}
     row["agree"] = row["same_verdict"] and (row["change"] is None
                                             or row["change"]["p"] > 1 - level)
     rows.append(row)
@@ -1387,10 +1393,11 @@ def compare(committed: Mapping, new: Mapping, level: float = 0.95) -> list[dict]
 
 
 def replication_markdown(name: str, committed: Mapping, new: Mapping, rows: list[dict],
-                         command_line: str, digits: int = 3, scope: str | None = None) -> str:
+                         command_line: str, digits: int = 3, scope: str | None = None,
+                         wall: str | None = None) -> str:
   """``replication.md``: what was rerun where, and per claim committed vs new. ``scope``: what
   the runs share, so what the comparison tests (default: the RL tables' fixed test problems and
-  evaluation key)."""
+  evaluation key); ``wall``: the replication's wall-time sentence (default ``wall_time``)."""
   def iv(v):
     return f"{v['diff']:+.{digits}f} [{v['lo']:+.{digits}f}, {v['hi']:+.{digits}f}]"
 
@@ -1407,13 +1414,13 @@ def replication_markdown(name: str, committed: Mapping, new: Mapping, rows: list
            f"{', '.join(committed.get('testbeds') or ['not pinned'])}.",
            f"- Replication: commit {new.get('machine', {}).get('commit', '?')} on "
            f"{machine_text(new.get('machine'))}; testbeds "
-           f"{', '.join(new.get('testbeds') or ['not pinned'])}. {wall_time(new)}", "",
+           f"{', '.join(new.get('testbeds') or ['not pinned'])}. {wall or wall_time(new)}", "",
            f"{agree} of {len(rows)} claims agree: the same verdict, and the change of a - b "
            "between the runs (Welch-Satterthwaite over both runs' seeds, two-sided) not "
            "significant at 0.05.", "",
            "| claim | SESOI | declared | committed a - b [95%] | verdict | replication a - b "
-           "[95%] | verdict | committed - replication [95%] | p | agree |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "[95%] | verdict | committed - replication [95%] | p | agree | both pooled [95%] |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 
   def verdict(v):
     return v["verdict"] + (f"; {v['note']}" if v.get("note") else "")
@@ -1421,10 +1428,13 @@ def replication_markdown(name: str, committed: Mapping, new: Mapping, rows: list
   for r in rows:
     c, n, ch = r["committed"], r["new"], r["change"]
     change = ("-", "-") if ch is None else (iv(ch), f"{ch['p']:.3g}")
+    pooled = "-" if r.get("pooled") is None else iv(r["pooled"])
     lines.append(f"| {r['text']} | {sesoi_text(n['claim'])} | {declared_text(n['claim'])} | "
                  f"{iv(c)} | {verdict(c)} | {iv(n)} | {verdict(n)} | {change[0]} | "
-                 f"{change[1]} | {'yes' if r['agree'] else 'no'} |")
+                 f"{change[1]} | {'yes' if r['agree'] else 'no'} | {pooled} |")
   lines += ["", chance_note(rows),
+            "", "Both pooled: the difference over both runs' seeds as one sample (95%, the "
+            "claim's own interval kind), a description chosen after both ran, never a verdict.",
             "", "Verdicts follow protocol v2 (experiments/STATISTICS.md) in both runs, judged by "
             "the table's own rules. Intervals of equivalence claims are their 90% TOST "
             "intervals. " + (scope or "Both runs use the same fixed test problems and evaluation "
@@ -1444,10 +1454,13 @@ def chance_note(rows: list[dict], alpha: float = 0.05) -> str:
     return (f"Changes significant at {alpha:g}: 0 of {len(tested)}; chance alone gives "
             f"{alpha * len(tested):.2g} on average.")
   p = float(binom.sf(k - 1, len(tested), alpha))
-  return (f"Changes significant at {alpha:g}: {k} of {len(tested)}; chance alone gives "
+  text = (f"Changes significant at {alpha:g}: {k} of {len(tested)}; chance alone gives "
           f"{alpha * len(tested):.2g} on average (P(>= {k}) = {p:.2g} were the claims "
-          "independent; claims that share an arm move together, which makes several changes "
-          "at once likelier than this P says).")
+          "independent")
+  if k == 1:
+    return text + ")."
+  return text + ("; claims that share an arm move together, which makes several changes at "
+                 "once likelier than this P says).")
 
 
 def replicate(exp: Experiment, out_dir: str, *, seeds: int | None = None,
@@ -1506,10 +1519,12 @@ def committed_arm(report: Mapping, name: str) -> Mapping | None:
 
 def recheck(exp: Experiment, out_dir: str, names: Sequence[str]) -> dict:
   """Retrain the committed table's RL arms ``names`` at its own config and seeds, on this machine
-  and code (no cache), and compare every evaluation metric of every seed with the committed run:
-  ``{name: {"bitwise", "max_abs_diff", "per_seed_max", "seconds"}}``, printed. On the machine
-  and code that ran the table the contract is bitwise; elsewhere it says how far the arm moved.
-  Refuses (ValueError, before any training) a name that is not a committed RL arm."""
+  and code (no cache), and compare every evaluation (its step and every numeric metric of every
+  seed) with the committed run: ``{name: {"bitwise", "max_abs_diff", "per_seed_max",
+  "seconds"}}``, printed and appended with the machine and commit to ``out_dir/recheck.jsonl``.
+  On the machine and code that ran the table the contract is bitwise; elsewhere it says how far
+  the arm moved. Refuses (ValueError, before any training) a name that is not a committed RL
+  arm."""
   committed = read_report(exp, out_dir)
   units = exp.units(committed["config"])
   arms = [n for n in units if committed_arm(committed, n) is not None]
@@ -1527,10 +1542,16 @@ def recheck(exp: Experiment, out_dir: str, names: Sequence[str]) -> dict:
                        "committed ones; the table's design changed since it ran")
     per_seed = [0.0] * len(old["seeds"])
     for e_new, e_old in zip(new["evals"], old["evals"]):
+      if e_new["step"] != e_old["step"]:
+        raise ValueError(f"--recheck {n}: the rerun evaluates at step {e_new['step']} where the "
+                         f"committed run did at {e_old['step']}; the design changed")
       for i, (a, b) in enumerate(zip(e_new["per_seed"], e_old["per_seed"])):
-        for key in set(a) & set(b):
-          if isinstance(b[key], (int, float)) and not isinstance(b[key], bool):
-            per_seed[i] = max(per_seed[i], abs(float(a[key]) - float(b[key])))
+        if set(a) != set(b):
+          raise ValueError(f"--recheck {n}: the rerun reports metrics "
+                           f"{sorted(set(a) ^ set(b))} that only one run has")
+        for key, x in b.items():
+          if isinstance(x, (int, float)) and not isinstance(x, bool):
+            per_seed[i] = max(per_seed[i], _abs_diff(float(a[key]), float(x)))
     out[n] = {"bitwise": max(per_seed) == 0.0, "max_abs_diff": max(per_seed),
               "per_seed_max": per_seed, "seconds": time.perf_counter() - t0}
     print(f"{n}: seeds {old['seeds'][0]}-{old['seeds'][-1]}, {len(old['evals'])} evaluations: "
@@ -1538,7 +1559,20 @@ def recheck(exp: Experiment, out_dir: str, names: Sequence[str]) -> dict:
              f"largest |difference| {max(per_seed):.3g} (per seed: "
              + ", ".join(f"{d:.2g}" for d in per_seed) + ")")
           + f"; {out[n]['seconds']:.0f} s on {machine_text(machine())}", flush=True)
+  record = {"command": f"python scripts/reproduce.py {exp.name} --recheck {' '.join(names)}",
+            "machine": machine(), "of_commit": committed.get("machine", {}).get("commit"),
+            "arms": out}
+  # appended, one JSON line per recheck: earlier records are never rewritten
+  with open(os.path.join(out_dir, "recheck.jsonl"), "a") as f:
+    f.write(json.dumps(jsonable(record)) + "\n")
   return out
+
+
+def _abs_diff(a: float, b: float) -> float:
+  """|a - b|: 0 where equal (two NaNs count as equal), inf where exactly one is NaN."""
+  if math.isnan(a) or math.isnan(b):
+    return 0.0 if math.isnan(a) and math.isnan(b) else math.inf
+  return 0.0 if a == b else abs(a - b)
 
 
 def replication_dir(out_dir: str, seeds: int, seed_offset: int) -> str:

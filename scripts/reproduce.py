@@ -73,8 +73,8 @@ def main(argv=None):
   ap.add_argument("--recheck", nargs="+", metavar="ARM",
                   help="retrain these RL arms of the committed table at its own seeds on this "
                        "machine and code, and compare every evaluation with it (bitwise or how "
-                       "far it moved); nothing is written")
-  ap.add_argument("--seed-offset", type=int, default=1000,
+                       "far it moved), appending a record to --out/recheck.jsonl")
+  ap.add_argument("--seed-offset", type=int,
                   help="with --replicate: the first fresh seed (default 1000); --replicate "
                        "--rejudge re-judges an existing replication without training")
   ap.add_argument("--rejudge", action="store_true",
@@ -96,6 +96,16 @@ def main(argv=None):
 def _main(ap, args):
   from experiments import docsync, harness
 
+  if args.recheck:
+    others = [f for f, on in (("--quick", args.quick), ("--replicate", args.replicate),
+                              ("--rejudge", args.rejudge), ("--seeds", args.seeds is not None),
+                              ("--seed-offset", args.seed_offset is not None),
+                              ("--sync-docs", args.sync_docs), ("--full", args.full)) if on]
+    if others:
+      ap.error(f"--recheck reruns arms of the committed table at its own seeds: not with "
+               f"{others[0]}")
+  if args.seed_offset is not None and not args.replicate:
+    ap.error("--seed-offset applies to --replicate only")
   module = importlib.import_module(EXPERIMENTS[args.experiment])
   exp = module.EXPERIMENT
   if args.sync_docs:
@@ -121,9 +131,6 @@ def _main(ap, args):
     raise NotADirectoryError(f"--out {args.out} is a file; it must be a directory (or not exist)")
   sync = default_out and not args.quick
   if args.recheck:
-    if args.quick or args.replicate or args.rejudge:
-      ap.error("--recheck reruns arms of the committed table: not with --quick, --replicate or "
-               "--rejudge")
     if not os.path.exists(os.path.join(args.out, "results.json")):
       raise FileNotFoundError(f"--recheck: no committed results.json in {args.out}")
     return harness.recheck(exp, args.out, args.recheck)
@@ -137,7 +144,8 @@ def _main(ap, args):
         raise FileNotFoundError(f"--replicate --rejudge: no replication/results.json in "
                                 f"{args.out}")
       return harness.rejudge_replication(exp, args.out)
-    return harness.replicate(exp, args.out, seeds=args.seeds, seed_offset=args.seed_offset,
+    offset = 1000 if args.seed_offset is None else args.seed_offset
+    return harness.replicate(exp, args.out, seeds=args.seeds, seed_offset=offset,
                              no_progress=args.no_progress)
   if args.rejudge:
     if not os.path.exists(os.path.join(args.out, "results.json")):

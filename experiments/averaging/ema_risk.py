@@ -724,18 +724,21 @@ def main(argv=None) -> dict:
   ap.add_argument("--replicate", action="store_true",
                   help="rerun the committed table in --out at fresh seed ids and compare per "
                        "claim (ema_risk-replication.md); --seeds defaults to the table's")
-  ap.add_argument("--seed-offset", type=int, default=1000,
+  ap.add_argument("--seed-offset", type=int,
                   help="with --replicate: the first fresh seed id (default 1000)")
   args = ap.parse_args(argv)
   if args.seeds is not None and args.seeds < 2:
     ap.error("--seeds must be >= 2")
   if args.replicate and (args.quick or args.rejudge):
     ap.error("--replicate reruns the committed table: not with --quick or --rejudge")
+  if args.seed_offset is not None and not args.replicate:
+    ap.error("--seed-offset applies to --replicate only")
   out = args.out or DEFAULT_OUT
   if os.path.exists(out) and not os.path.isdir(out):
     raise NotADirectoryError(f"--out {out} is a file; it must be a directory (or not exist)")
   if args.replicate:
-    return replicate(out, seeds=args.seeds, seed_offset=args.seed_offset)
+    return replicate(out, seeds=args.seeds,
+                     seed_offset=1000 if args.seed_offset is None else args.seed_offset)
   sync = args.out is None and not args.quick
   if args.rejudge:
     path = os.path.join(out, f"{NAME}.json")
@@ -761,8 +764,9 @@ def main(argv=None) -> dict:
 def replicate(out: str, *, seeds: int | None = None, seed_offset: int = 1000) -> dict:
   """Rerun the committed table (``out/ema_risk.json``) at main seed ids it did not use, judge it
   as the table is judged and compare per claim (``harness.compare``): writes
-  ``out/ema_risk-replication.json`` and ``out/ema_risk-replication.md`` (printed). Refuses,
-  before any simulation, a missing table and ids that overlap its main or pilot seeds."""
+  ``out/ema_risk-replication.json`` and ``.md`` (printed), or, when those hold another seed
+  set, ``out/ema_risk-replication-<offset>x<seeds>.*`` beside them. Refuses, before any
+  simulation, a missing table and ids that overlap its main or pilot seeds."""
   path = os.path.join(out, f"{NAME}.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"--replicate: no committed {path}; run python -m "
@@ -778,6 +782,13 @@ def replicate(out: str, *, seeds: int | None = None, seed_offset: int = 1000) ->
                      f"overlap the committed table's main or pilot seeds (in {path}); a "
                      "replication uses seeds the table did not use")
   config = dict(committed["config"], seeds=n, seed_offset=seed_offset)
+  # The committed replication is rewritten only by the same seed set; another goes beside it.
+  stem = os.path.join(out, f"{NAME}-replication")
+  if os.path.exists(stem + ".json"):
+    with open(stem + ".json") as f:
+      prev = json.load(f)["config"]
+    if (prev.get("seeds"), prev.get("seed_offset")) != (n, seed_offset):
+      stem = os.path.join(out, f"{NAME}-replication-{seed_offset}x{n}")
   t0 = time.perf_counter()
   data = run(config)
   secs = time.perf_counter() - t0
@@ -798,11 +809,14 @@ def replicate(out: str, *, seeds: int | None = None, seed_offset: int = 1000) ->
   text = harness.replication_markdown(
       NAME, committed, report, rows, line,
       scope="Every risk is exact (no test sample), so the test compares sample streams (seeds) "
-            "only.")
-  _write_text(os.path.join(out, f"{NAME}-replication.json"), json.dumps(report))
-  _write_text(os.path.join(out, f"{NAME}-replication.md"), text)
+            "only.",
+      wall=f"Wall time: {secs:.1f} s (pilot, main run and exact expectations, each with its "
+           f"compilation). {harness.provenance_note(report)}")
+  _write_text(stem + ".json", json.dumps(report))
+  _write_text(stem + ".md", text)
   print(text)
-  return {"report": report, "rows": rows}
+  print(f"written: {stem}.md and {stem}.json")
+  return {"report": report, "rows": rows, "markdown": stem + ".md"}
 
 
 if __name__ == "__main__":

@@ -105,6 +105,14 @@ def test_recheck_flag_errors(tmp_path, capsys):
   with pytest.raises(SystemExit) as e:
     reproduce.main(["ace", "--recheck", "grpo", "--quick"])
   assert e.value.code == 2 and "--recheck reruns arms" in capsys.readouterr().err
+  for flag in (["--full"], ["--sync-docs"], ["--seed-offset", "5"], ["--seeds", "3"]):
+    with pytest.raises(SystemExit) as e:
+      reproduce.main(["ace", "--recheck", "grpo", *flag])
+    assert e.value.code == 2 and f"not with {flag[0]}" in capsys.readouterr().err
+  with pytest.raises(SystemExit) as e:
+    reproduce.main(["ace", "--seed-offset", "5", "--rejudge"])
+  assert e.value.code == 2 and "--seed-offset applies to --replicate only" in \
+      capsys.readouterr().err
   with pytest.raises(FileNotFoundError, match="--recheck: no committed results.json"):
     reproduce.main(["ace", "--recheck", "grpo", "--out", str(tmp_path)])
   # an arm the committed table does not have is refused before anything trains

@@ -146,6 +146,18 @@ def test_replication_reruns_the_committed_table_at_fresh_seed_ids(tmp_path, caps
   assert text in capsys.readouterr().out
   assert f"{n} fresh seeds (from 500; the committed table used {n} seeds from 0)" in text
   assert "compares sample streams (seeds) only" in text and "Changes significant at" in text
+  assert "Wall time: " in text and " s (pilot, main run and exact expectations" in text
+  # another seed set goes beside the committed replication; the same one rewrites it
+  replication = (out / "ema_risk-replication.md").read_bytes()
+  other = M.main(["--replicate", "--out", str(out), "--seed-offset", "900", "--seeds", "4"])
+  assert other["markdown"] == str(out / "ema_risk-replication-900x4.md")
+  assert (out / "ema_risk-replication.md").read_bytes() == replication
+  assert (out / "ema_risk-replication-900x4.json").exists()
+  again = M.main(["--replicate", "--out", str(out), "--seed-offset", "500"])
+  assert again["markdown"] == str(out / "ema_risk-replication.md")
+  with pytest.raises(SystemExit) as e:
+    M.main(["--out", str(out), "--seed-offset", "500"])
+  assert e.value.code == 2
   # ids the table used (main or pilot) are refused before any simulation
   for offset in (0, M.PILOT_SEED_BASE - 1):
     with pytest.raises(ValueError, match=f"--seed-offset {offset}: seed ids .* overlap"):

@@ -1,5 +1,6 @@
 """Claims as data judged by rlpost.eval.stats: directions, margins, equivalence, Holm."""
 
+import json
 import math
 import os
 
@@ -471,6 +472,13 @@ def test_replication_report_on_a_committed_table(tmp_path, capsys):
   assert "4 fresh seeds (from 100; the committed table used 6 seeds from 0)" in text
   assert f"{int(row['agree'])} of 1 claims agree" in text
   assert (tmp_path / "replication" / "results.json").exists()
+  # both seed sets pooled, described beside the test (Welch over 6 + 4 seeds per arm)
+  a, b = (list(x) + list(y) for x, y in zip(v["values"], new["values"]))
+  d, lo, hi = stats.diff_interval(a, b)
+  assert row["pooled"] == {"diff": d, "lo": lo, "hi": hi, "seeds": 10}
+  assert text.splitlines()[next(i for i, line in enumerate(text.splitlines())
+                                if line.startswith("| claim")) + 2].endswith(
+      f"| {d:+.3f} [{lo:+.3f}, {hi:+.3f}] |")
   committed_json = (tmp_path / "results.json").read_text()
   # Seeds the table used are refused before anything runs; the committed files are untouched.
   with pytest.raises(ValueError, match=r"seeds 3-6 overlap the committed table's 0-5"):
@@ -513,6 +521,8 @@ def test_chance_note_counts_significant_changes_against_the_binomial():
                               row(0.3), row(None)])
   assert text.startswith("Changes significant at 0.05: 3 of 7; chance alone gives 0.35 on "
                          f"average (P(>= 3) = {want:.2g} were the claims independent")
+  one = harness.chance_note([row(0.01), row(0.5)])
+  assert one.endswith("were the claims independent).")  # no caveat about several at once
   assert harness.chance_note([row(0.5), row(0.2)]) == (
       "Changes significant at 0.05: 0 of 2; chance alone gives 0.1 on average.")
   assert harness.chance_note([row(None)]).startswith("No claim has per-seed values")
@@ -688,13 +698,21 @@ def test_recheck_retrains_committed_arms_and_compares_every_evaluation(tmp_path,
   out = harness.recheck(exp, str(tmp_path), ["b"])
   assert calls == ["b"]  # retrained, not read from the cache
   assert out["b"]["bitwise"] and out["b"]["per_seed_max"] == [0.0] * 5
-  assert "b: seeds 0-4, 2 evaluations: bitwise equal to the committed run" in capsys.readouterr().out
+  assert "b: seeds 0-4, 2 evaluations: bitwise equal to the committed run" in \
+      capsys.readouterr().out
   drift[0] = 0.004  # another machine: every pass@1 of b moved
   out = harness.recheck(exp, str(tmp_path), ["a", "b"])
   assert out["a"]["bitwise"] and not out["b"]["bitwise"]
   assert out["b"]["max_abs_diff"] == pytest.approx(0.004)
   assert "largest |difference| 0.004" in capsys.readouterr().out
-  assert (tmp_path / "results.json").read_bytes() == committed  # nothing is written
+  assert (tmp_path / "results.json").read_bytes() == committed  # what it reads is kept
+  records = [json.loads(x) for x in (tmp_path / "recheck.jsonl").read_text().splitlines()]
+  assert [sorted(r["arms"]) for r in records] == [["b"], ["a", "b"]]  # appended, one per call
+  assert records[1]["arms"]["b"]["max_abs_diff"] == pytest.approx(0.004)
+  assert records[1]["machine"]["cpu_model"] and "--recheck a b" in records[1]["command"]
+  drift[0] = float("nan")  # a NaN where the committed run had a number is never "bitwise"
+  out = harness.recheck(exp, str(tmp_path), ["b"])
+  assert not out["b"]["bitwise"] and out["b"]["max_abs_diff"] == float("inf")
   calls.clear()
   with pytest.raises(ValueError, match=r"--recheck c: not an RL arm of the committed table .* "
                                        r"\(its arms: a, b\)"):
