@@ -20,6 +20,8 @@ Data files: GSM8K as jsonl with ``question`` and ``answer`` ("... #### 72"); MAT
 
 from __future__ import annotations
 
+import dataclasses
+
 # Architecture of each policy's published config.json (Qwen2ForCausalLM: q/k/v biases, SwiGLU,
 # RMSNorm, RoPE without scaling). Widths are listed for reference; tests mirror the flags
 # (architecture, tied embeddings, rope_theta, rms_norm_eps, context length, query heads per
@@ -95,7 +97,8 @@ def with_memory_plan(cfg: dict, *, devices: int = DEVICES,
   3,584-token row needed 69 GiB.
   """
   out = dict(cfg)
-  rows = cfg["num_prompts"] * cfg["group_size"] + cfg.get("dars_budget", 0)
+  plan = sampling_plan(cfg)
+  rows = plan.rows
   mb = rows // cfg.get("num_minibatches", 1)
   if mb % devices:
     raise ValueError(f"with_memory_plan: the mini-batch of {mb} rows cannot be split evenly over "
@@ -103,12 +106,22 @@ def with_memory_plan(cfg: dict, *, devices: int = DEVICES,
   cap = devices * train_rows_per_device
   out["grad_accum"] = next(a for a in range(-(-mb // cap), mb // devices + 1)
                            if mb % a == 0 and (mb // a) % devices == 0)
-  calls = [cfg["num_prompts"] * cfg["group_size"] * cfg.get("dynamic_sampling_factor", 1)]
-  if cfg.get("dars_budget"):
-    calls.append(cfg["dars_budget"])
+  calls = plan.calls
   chunk = devices * rollout_rows_per_device
   out["rollout_chunk"] = chunk if all(c % chunk == 0 and c > chunk for c in calls) else 0
   return out
+
+
+def sampling_plan(cfg: dict):
+  """The rows of each sampling call and of the step's batch of an RLConfig dict
+  (``rlpost.rollouts.allocate.Plan``), after the rule's own checks, without validating the
+  rest of the config."""
+  from rlpost.train.rl_config import RLConfig
+
+  cfg = RLConfig.upgrade(dict(cfg))
+  known = {f.name for f in dataclasses.fields(RLConfig)}
+  return dataclasses.replace(RLConfig(), **{k: v for k, v in cfg.items() if k in known}
+                             ).allocation_plan()
 
 
 def policy_path(name: str) -> str:

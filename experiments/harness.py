@@ -1200,13 +1200,14 @@ def read_run(run_dir: str) -> dict:
           "train": {k: [v[s] for s in sorted(v)] for k, v in train.items()}}
 
 
-# Config keys a run may set differently from its arm: where the weights and data live, how the
-# run is laid out on devices and in memory (values unchanged, tested), and operational ones.
-RUN_LOCAL_KEYS = frozenset({
-    "seed", "policy", "task_spec", "data_dir", "cache_dir", "run_dir", "model", "mesh_fsdp",
-    "param_sharding", "grad_accum", "remat", "logits_chunk", "rollout_chunk", "pack_buckets",
-    "pack_bin_rows", "logger", "resume_fallback", "keep_checkpoints", "checkpoint_every",
-    "guard_action", "guard_patience", "guard_truncated", "guard_logp_mismatch"})
+def run_local_keys() -> frozenset:
+  """Config keys a run may set differently from its arm: where the weights and data live, how
+  the run is laid out on devices and in memory (values unchanged, tested), and operational
+  ones; declared with each key (``run_local`` in ``rlpost.train.rl_config.RLConfig``)."""
+  from rlpost.train import config as config_lib
+  from rlpost.train.rl_config import RLConfig
+
+  return config_lib.keys_where(RLConfig, run_local=True)
 
 
 def _complete(config: Mapping) -> dict:
@@ -1223,7 +1224,8 @@ def _complete(config: Mapping) -> dict:
 
 def _signature(config: Mapping) -> str:
   full = _complete(config)
-  return json.dumps({k: v for k, v in full.items() if k not in RUN_LOCAL_KEYS}, sort_keys=True,
+  local = run_local_keys()
+  return json.dumps({k: v for k, v in full.items() if k not in local}, sort_keys=True,
                     default=str)
 
 
@@ -1232,7 +1234,7 @@ def collect_runs(runs_dir: str, arms: Mapping[str, dict], *, select=None,
   """Full-size run directories (any depth below ``runs_dir``) as the arms of a table.
 
   ``arms``: {arm name: RLConfig dict} (an ``experiments/*/full.py`` ``FULL``). A run belongs to
-  the arm whose config it equals on every key outside ``RUN_LOCAL_KEYS`` (defaults filled in on
+  the arm whose config it equals on every key outside ``run_local_keys()`` (defaults filled in on
   both sides); its seed is its config's ``seed``. ``select``: the arm names to return (None:
   all); runs of the other arms are recognised and left out. Returns {arm: {"config", "seeds",
   "evals": [{"step", "per_seed": [eval dict per seed]}], "train": {metric: [steps][S]},
@@ -1256,7 +1258,8 @@ def collect_runs(runs_dir: str, arms: Mapping[str, dict], *, select=None,
       raise RunsError(f"{d}: {e}") from None
     if name is None:
       raise RunsError(f"{d}: its config matches no arm of the table (every key outside "
-                      f"harness.RUN_LOCAL_KEYS must equal the arm's); arms: {', '.join(arms)}")
+                      f"harness.run_local_keys() must equal the arm's); arms: "
+                      f"{', '.join(arms)}")
     if select is not None and name not in select:
       continue
     steps = run["config"].get("steps")

@@ -7,6 +7,8 @@ learning fixture policy, to check that a refactor changes no number.
 ``--compare`` prints, per arm, the largest relative difference of any step metric and any
 evaluation number, and exits 1 if a metric appeared, disappeared or differs by more than
 ``--rtol`` (default 0: bitwise, the contract for the same program on the same machine).
+``--allow-new`` lists metrics only this run reports (a change that adds metrics) without
+failing; every number of the reference must still be there and agree.
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 ARMS = {
     "grpo": {}, "dr_grpo": dict(recipe="dr_grpo"), "dapo": dict(recipe="dapo"),
-    "dapo_ds2": dict(recipe="dapo", dynamic_sampling_factor=2), "gspo": dict(recipe="gspo"),
+    "dapo_ds2": dict(recipe="dapo", allocation="dynamic_sampling",
+                     allocation_args=dict(factor=2)),
+    "gspo": dict(recipe="gspo"),
     "gspo_token": dict(recipe="gspo_token"), "pnpo": dict(recipe="pnpo"),
     "rloo": dict(recipe="rloo"), "mc_grpo": dict(recipe="mc_grpo", group_size=5),
     "ace": dict(recipe="ace", recipe_args={"alpha": 0.5}),
-    "dars_et": dict(recipe="dars", dars_schedule="et", dars_n_max=8, dars_budget=16),
-    "dars_hw": dict(recipe="dars", dars_schedule="hw", dars_n_max=8, dars_budget=16),
+    "dars_et": dict(recipe="dars", allocation="dars",
+                    allocation_args=dict(schedule="et", n_max=8, budget=16)),
+    "dars_hw": dict(recipe="dars", allocation="dars",
+                    allocation_args=dict(schedule="hw", n_max=8, budget=16)),
     "grpo_iters": dict(num_iterations=2, num_minibatches=2),
     "grpo_accum": dict(grad_accum=2),
 }
@@ -55,7 +61,7 @@ def fingerprint(arms: dict) -> dict:
   return out
 
 
-def compare(a: dict, b: dict, rtol: float) -> bool:
+def compare(a: dict, b: dict, rtol: float, allow_new: bool = False) -> bool:
   ok = True
   for arm in b:
     if arm not in a:
@@ -71,7 +77,7 @@ def compare(a: dict, b: dict, rtol: float) -> bool:
     for what, x, y in pairs:
       if x is None or y is None:
         print(f"{arm}: {what} only in {'the reference' if y is None else 'this run'}")
-        ok = False
+        ok = ok and (x is None and allow_new)
         continue
       d = abs(x - y) / max(abs(x), 1e-12) if x != y else 0.0
       worst = max(worst, d)
@@ -86,13 +92,15 @@ def main(argv=None) -> int:
   p.add_argument("out", help="JSON file to write")
   p.add_argument("--compare", help="a reference JSON written by this script")
   p.add_argument("--rtol", type=float, default=0.0)
+  p.add_argument("--allow-new", action="store_true",
+                 help="metrics only this run reports are listed, not failures")
   args = p.parse_args(argv)
   result = fingerprint(ARMS)
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1)
   if args.compare:
     with open(args.compare) as f:
-      return 0 if compare(json.load(f), result, args.rtol) else 1
+      return 0 if compare(json.load(f), result, args.rtol, args.allow_new) else 1
   return 0
 
 

@@ -26,6 +26,12 @@ def _runs(tmp: str, ckpt: str) -> dict[str, tuple[list[str], dict]]:
       "train_missing_config": (["scripts/train.py", os.path.join(missing, "cfg.py")], {}),
       "train_unknown_key": (["scripts/train.py", "experiments/grpo_arithmetic.py",
                              "no_such_key=1"], {}),
+      "train_bad_allocation_args": (["scripts/train.py", "experiments/grpo_arithmetic.py",
+                                     "allocation=dynamic_sampling", "allocation_args={'factor': 0}",
+                                     f"run_dir={os.path.join(tmp, 'alloc_run')}"], {}),
+      "train_bad_rollout_chunk": (["scripts/train.py", "experiments/grpo_arithmetic.py",
+                                   "allocation=dynamic_sampling", "rollout_chunk=7",
+                                   f"run_dir={os.path.join(tmp, 'chunk_run')}"], {}),
       "average_missing_dir": (["scripts/average.py", "--ckpt-dir", missing, "--method", "lawa"],
                               {}),
       "average_no_manifest": (["scripts/average.py", "--ckpt-dir", ckpt, "--method", "uniform",
@@ -81,6 +87,10 @@ def _one_error_line(proc) -> str:
 @pytest.mark.parametrize("name, expected", [
     ("train_missing_config", "cfg.py does not exist"),
     ("train_unknown_key", "unknown config key(s) ['no_such_key']"),
+    ("train_bad_allocation_args", "config key 'allocation_args': allocation 'dynamic_sampling': "
+                                  "factor must be >= 1"),
+    ("train_bad_rollout_chunk", "config key 'rollout_chunk': must divide every sampling call's "
+                                "rows [384]"),
     ("average_missing_dir", "checkpoint directory"),
     ("average_no_manifest", "checkpoint at step 3 in"),
     ("reproduce_out_is_file", "--out"),

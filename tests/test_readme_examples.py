@@ -27,9 +27,9 @@ def readme_files() -> dict[str, str]:
 def test_readme_extension_examples_run(tmp_path):
   files = readme_files()
   names = sorted(pathlib.PurePath(p).name for p in files)
-  assert names == ["length_cost.py", "midrange.py", "parity.py", "running_baseline.py",
-                   "test_length_cost.py", "test_midrange.py", "test_parity.py",
-                   "test_running_baseline.py"]
+  assert names == ["disagreement.py", "length_cost.py", "midrange.py", "parity.py",
+                   "running_baseline.py", "test_disagreement.py", "test_length_cost.py",
+                   "test_midrange.py", "test_parity.py", "test_running_baseline.py"]
   for path, source in files.items():
     dest = tmp_path / path
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -40,4 +40,4 @@ def test_readme_extension_examples_run(tmp_path):
                          str(tmp_path / "myext")], cwd=tmp_path, env=env, capture_output=True,
                         text=True, timeout=900)
   assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-  assert "5 passed" in proc.stdout, proc.stdout[-2000:]
+  assert "8 passed" in proc.stdout, proc.stdout[-2000:]

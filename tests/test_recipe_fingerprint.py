@@ -23,3 +23,9 @@ def test_compare(capsys):
   assert not fp.compare(run(extra={"kl": 0.0}), run(), 0.0)
   assert not fp.compare(run(), run(ev=0.25), 0.1)
   assert "only in this run" in capsys.readouterr().out
+  # --allow-new: a metric only this run has is listed, not a failure; a lost one still fails,
+  # and so does a changed number.
+  assert fp.compare(run(), run(extra={"kl": 0.0}), 0.0, allow_new=True)
+  assert "kl only in this run" in capsys.readouterr().out
+  assert not fp.compare(run(extra={"kl": 0.0}), run(), 0.0, allow_new=True)
+  assert not fp.compare(run(), run(loss=2.0, extra={"kl": 0.0}), 0.0, allow_new=True)

@@ -172,9 +172,11 @@ def claims(sz: Sizes) -> list[harness.Claim]:
 def arms(sz: Sizes) -> dict:
   """{arm name: RLConfig overrides}."""
   p, n, b = sz.num_prompts, sz.n, sz.breadth
-  common = dict(recipe="dars", group_size=n, num_prompts=p, num_minibatches=2)
-  # dars_budget 0: P (n_max - N) stage-2 rows, the schedule's largest demand: never truncates
-  depth = dict(dars_schedule="et", dars_n_max=sz.n_max, dars_budget=0)
+  # The GRPO arms run DARS's objective with plain allocation, as the paper's baselines.
+  common = dict(recipe="dars", allocation="plain", group_size=n, num_prompts=p,
+                num_minibatches=2)
+  # budget 0: P (n_max - N) stage-2 rows, the schedule's largest demand: never truncates
+  depth = dict(allocation="dars", allocation_args=dict(schedule="et", n_max=sz.n_max, budget=0))
   breadth = dict(num_prompts=p * b, num_minibatches=1, num_iterations=2, steps=sz.steps // b,
                  eval_every=max(1, sz.eval_every // b))
   return {
@@ -182,7 +184,7 @@ def arms(sz: Sizes) -> dict:
       f"grpo-n{sz.n_max}": dict(common, group_size=sz.n_max),
       "dars-et": dict(common, **depth),
       "grpo-b": dict(common, **breadth),
-      "dars-b": dict(common, **depth, **breadth),
+      "dars-b": {**common, **depth, **breadth, "allocation": "dars_b"},
   }
 
 
@@ -373,13 +375,14 @@ def render(report: dict) -> str:
   for n, r in s["stage2"].items():
     lines.append(f"| {n} | {r['dars_all_wrong_stage1']:.2f} | {r['dars_rescued']:.2f} | "
                  f"{r['dars_extra_rollouts']:.1f} | {r.get('dars_budget_used', float('nan')):.3f} |")
-  budgets = {r["config"].get("dars_budget") for r in report["data"]["arms"].values()
-             if r["config"].get("dars_schedule")}
+  stored = [rl.RLConfig.upgrade(dict(r["config"])) for r in report["data"]["arms"].values()]
+  budgets = {c["allocation_args"].get("budget", 0) for c in stored
+             if c.get("allocation") in ("dars", "dars_b")}
   lines += ["", (f"The static budget is P (n_max - N) rows, the schedule's largest demand, so no "
                  "prompt's stage-2 rollouts are ever truncated; the rows it does not need are "
                  "sampled and left out of the update." if budgets <= {0} else
                  "The static stage-2 budget of these runs is below the schedule's largest "
-                 f"demand (dars_budget {sorted(budgets)}): a share used of 1.000 means demand "
+                 f"demand (budget {sorted(budgets)}): a share used of 1.000 means demand "
                  "was truncated."), ""]
   if curve is not None:
     lines += [

@@ -33,7 +33,7 @@ scripts: 128 samples per problem at temperature 1.0 (pass@1..128).
 Deviations: answers are checked by ``rlpost.tasks.math_data`` (boxed answer equivalence) instead
 of the fork's reward; the official stage 2 samples whatever extra rollouts the schedule asks for,
 while here stage 2 has a static budget of P x N rows per step (on average one more N per prompt,
-as in the CPU table; ``dars_budget=0`` gives the never-truncating P x (n_max - N)); the prompt is
+as in the CPU table; ``budget=0`` gives the never-truncating P x (n_max - N)); the prompt is
 Qwen2.5-Math's chain-of-thought chat prompt (the fork's own template, ``data.use_template``, is
 not reproduced); the standard arms' step count is not stated in the paper's scripts (see
 ``STANDARD_STEPS``).
@@ -85,6 +85,7 @@ def _base() -> dict:
       prompt_template=math_data.QWEN_MATH_TEMPLATE,
       max_prompt_tokens=1024, max_new_tokens=3072,
       recipe="dars", recipe_args={}, group_size=N,
+      allocation="plain",  # the GRPO arms: DARS's objective, plain allocation
       weight_decay=0.01,  # the fork's AdamW default (fsdp_workers.py)
       eval_problems=0, eval_samples=128,  # all test problems, n_val 128
   )
@@ -100,9 +101,10 @@ def _breadth(**kw) -> dict:
               lr=5e-6, steps=BREADTH_STEPS, eval_every=14, **kw)  # test_freq 14
 
 
-def _dars(schedule: str, prompts: int) -> dict:
+def _dars(schedule: str, prompts: int, rule: str = "dars") -> dict:
   n_max = {"et": 32, "hw": 64}[schedule]
-  return dict(dars_schedule=schedule, dars_n_max=n_max, dars_budget=prompts * N)
+  return dict(allocation=rule, allocation_args=dict(schedule=schedule, n_max=n_max,
+                                                     budget=prompts * N))
 
 
 FULL = {
@@ -111,8 +113,8 @@ FULL = {
     "dars-et": _standard(num_iterations=2, **_dars("et", STANDARD_PROMPTS)),
     "dars-hw": _standard(num_iterations=2, **_dars("hw", STANDARD_PROMPTS)),
     "grpo-breadth": _breadth(),
-    "dars-b-et": _breadth(**_dars("et", BREADTH_PROMPTS)),
-    "dars-b-hw": _breadth(**_dars("hw", BREADTH_PROMPTS)),
+    "dars-b-et": _breadth(**_dars("et", BREADTH_PROMPTS, "dars_b")),
+    "dars-b-hw": _breadth(**_dars("hw", BREADTH_PROMPTS, "dars_b")),
 }
 FULL = {k: full_size.with_memory_plan(v) for k, v in FULL.items()}
 CONFIG = FULL["dars-b-et"]

@@ -39,6 +39,7 @@ from rlpost.objectives.base import (
     compute_advantages,
     identity,
     init_advantages,
+    report,
     stateless,
 )
 from rlpost.objectives.advantages import (
@@ -106,6 +107,8 @@ from rlpost.objectives.diagnostics import (
     overconfident_error_fraction,
     sign_flip_rates,
     zero_variance_fraction,
+    zero_advantage_fraction,
+    per_prompt_mean,
 )
 from rlpost.objectives.recipes import (
     Recipe,
@@ -132,6 +135,7 @@ __all__ = [
     "EmptyState",
     "ChainState",
     "stateless",
+    "report",
     "identity",
     "chain",
     "init_advantages",
@@ -198,6 +202,8 @@ __all__ = [
     # diagnostics
     "sign_flip_rates",
     "zero_variance_fraction",
+    "zero_advantage_fraction",
+    "per_prompt_mean",
     "clip_fractions",
     "effective_sample_size",
     "overconfident_error_fraction",

@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 
 from rlpost.objectives import groups
-from rlpost.objectives.base import AdvantageTransform, Advantages, identity, stateless
+from rlpost.objectives.base import (AdvantageTransform, Advantages, identity, report,
+                                    stateless)
 from rlpost.types import RolloutBatch
 
 __all__ = [
@@ -56,7 +57,13 @@ __all__ = [
 
 
 def _replace_values(adv: Advantages, values: jax.Array) -> Advantages:
-  return Advantages(values=values.astype(jnp.float32), weights=adv.weights)
+  return adv._replace(values=values.astype(jnp.float32))
+
+
+def _share(flags: jax.Array, among: jax.Array) -> jax.Array:
+  """[] float32: the share of ``among`` rows where ``flags`` holds (0 when none)."""
+  n = jnp.sum(among, dtype=jnp.float32)
+  return jnp.where(n > 0, jnp.sum(flags & among, dtype=jnp.float32) / jnp.maximum(n, 1.0), 0.0)
 
 
 def _rows(what: str, adv: Advantages) -> jax.Array:
@@ -152,15 +159,25 @@ def center_by_group_mean() -> AdvantageTransform:
 def center_by_group_median(*, even: str = "lower") -> AdvantageTransform:
   """A_i = v_i - median_{j in group, valid} v_j (MC-GRPO, Kim et al. 2025).
 
+  Reports ``median_sign_flips``: the share of valid rollouts with v_i != mean whose advantage
+  has the opposite sign of v_i - mean (the group mean baseline's), and ``median_zeroed``: the
+  share of them the median sets to 0 (the pivot among them). MC-GRPO's point is that these
+  differ from the mean's signs in small groups.
+
   Args:
     even: "lower" (``torch.median``, as in the MC-GRPO code) or "mean" (``numpy.median``) for
       groups with an even number of valid members; odd groups have a unique median.
   """
 
   def fn(adv, batch, key):
-    v = _rows("center_by_group_median", adv)
-    med = groups.group_median(v, batch.group_id, batch.valid, even=even)
-    return _replace_values(adv, v - med)
+    v, gid, valid = _rows("center_by_group_median", adv), batch.group_id, batch.valid
+    med = groups.group_median(v, gid, valid, even=even)
+    ref = jnp.sign(v - groups.group_mean(v, gid, valid))
+    a = v - med
+    counted = valid & (ref != 0)
+    out = _replace_values(adv, a)
+    return report(out, median_sign_flips=_share((a != 0) & (jnp.sign(a) == -ref), counted),
+                  median_zeroed=_share(a == 0, counted))
 
   return stateless(fn)
 
@@ -326,15 +343,16 @@ def exclude_median_pivot(*, odd_only: bool = True) -> AdvantageTransform:
     if odd_only:
       n = groups.group_count(gid, valid)
       pivot = pivot & (jnp.mod(n, 2.0) == 1.0)
-    return Advantages(values=jnp.where(pivot, 0.0, v), weights=jnp.where(pivot, 0.0, adv.weights))
+    return adv._replace(values=jnp.where(pivot, 0.0, v),
+                        weights=jnp.where(pivot, 0.0, adv.weights))
 
   return stateless(fn)
 
 
 def _drop(adv: Advantages, drop: jax.Array) -> Advantages:
   """``adv`` with the rollouts ``drop`` [B] bool removed from the loss (value and weight 0)."""
-  return Advantages(values=jnp.where(_per_row(drop, adv.values), 0.0, adv.values),
-                    weights=jnp.where(drop, 0.0, adv.weights))
+  return adv._replace(values=jnp.where(_per_row(drop, adv.values), 0.0, adv.values),
+                      weights=jnp.where(drop, 0.0, adv.weights))
 
 
 def exclude_min_abs_reward() -> AdvantageTransform:
@@ -488,7 +506,15 @@ def ace_confidence_penalty(
     mask = batch.token_mask & batch.valid[:, None]
     c = confidence_shift(logp, batch.ref_logp, mask)
     a = ace_modulate(adv.values, c, alpha=alpha, mode=mode, fn=fn)
-    return _replace_values(adv, jnp.where(_per_row(batch.valid, a), a, 0.0))
+    out = _replace_values(adv, jnp.where(_per_row(batch.valid, a), a, 0.0))
+    # What the penalty touched: rows whose advantage it changed (any token for [B, T]), their
+    # share of the valid rows and the 10/50/90% quantiles of their confidence shift c_i.
+    changed = a != adv.values
+    hit = batch.valid & (changed if changed.ndim == 1 else jnp.any(changed, axis=1))
+    q = jnp.nanquantile(jnp.where(hit, c, jnp.nan), jnp.asarray([0.1, 0.5, 0.9]))
+    q = jnp.where(jnp.any(hit), q, 0.0)
+    return report(out, ace_penalized=_share(hit, batch.valid), ace_shift_p10=q[0],
+                  ace_shift_p50=q[1], ace_shift_p90=q[2])
 
   return stateless(f)
 

@@ -42,6 +42,7 @@ __all__ = [
     "EmptyState",
     "ChainState",
     "stateless",
+    "report",
     "identity",
     "chain",
     "init_advantages",
@@ -66,10 +67,19 @@ class Advantages(NamedTuple):
       float32 per-token advantages after a token-level transform.
     weights: [B] float32 loss weights (``valid`` as 0/1 before any transform); a rollout with
       weight 0 contributes neither to a loss sum nor to its denominator.
+    metrics: a dict of named [] arrays a transform reports (``report``), or None for none;
+      ``chain`` keeps every stage's, and the trainer writes them to ``metrics.jsonl`` and the
+      trackers under their names.
   """
 
   values: jax.Array
   weights: jax.Array
+  metrics: Optional[dict] = None
+
+
+def report(adv: Advantages, **metrics) -> Advantages:
+  """``adv`` with ``metrics`` ([] arrays, by name) added to those it reports."""
+  return adv._replace(metrics={**(adv.metrics or {}), **metrics})
 
 
 class EmptyState(NamedTuple):
@@ -125,10 +135,12 @@ def chain(*transforms: AdvantageTransform) -> AdvantageTransform:
     return ChainState(tuple(t.init() for t in transforms))
 
   def update(adv, state, batch, key=None):
-    new_states = []
+    new_states, metrics = [], dict(adv.metrics or {})
     for i, (t, s) in enumerate(zip(transforms, state.inner, strict=True)):
       sub = None if key is None else jax.random.fold_in(key, i)
       adv, s = t.update(adv, s, batch, sub)
+      metrics.update(adv.metrics or {})  # a stage that builds a new Advantages keeps reports
+      adv = adv._replace(metrics=dict(metrics) or None)
       new_states.append(s)
     return adv, ChainState(tuple(new_states))
 
@@ -181,6 +193,7 @@ def compute_advantages(
   adv = Advantages(
       values=jnp.where(keep, adv.values, 0.0).astype(jnp.float32),
       weights=jnp.where(valid, adv.weights, 0.0).astype(jnp.float32),
+      metrics={k: jnp.asarray(v, jnp.float32) for k, v in (adv.metrics or {}).items()},
   )
   return adv, state
 
@@ -205,14 +218,36 @@ class RecipeContext:
   """Facts of a run that recipe factories may need; ``get_recipe`` passes each non-None fact
   to the factory's keyword argument of the same name unless the caller overrides it.
 
+  Each fact is None where the run does not know it yet: a config is validated (and its recipe
+  built once) before the data and the tokenizer are loaded.
+
   Attributes:
     max_length: L_max, the maximum completion length in tokens (the sampler's
       ``max_new_tokens``), or None.
     group_size: G, rollouts sampled per prompt, or None.
+    num_prompts: P, prompts per step, or None.
+    rows: R, rows of the step's batch (the allocation's plan: P * G for plain allocation, more
+      with DARS's stage 2), or None.
+    prompt_length: Tp, the prompt buffer in tokens, or None.
+    tokenizer: the run's tokenizer (``rlpost.tokenizer.Tokenizer``: ``encode``, ``decode``,
+      ``vocab_size``), or None.
+    stop_ids: the token ids that end a completion (tuple of int), or None.
+    pad_id: the padding token id, or None.
   """
 
   max_length: Optional[int] = None
   group_size: Optional[int] = None
+  num_prompts: Optional[int] = None
+  rows: Optional[int] = None
+  prompt_length: Optional[int] = None
+  tokenizer: Any = None
+  stop_ids: Optional[tuple] = None
+  pad_id: Optional[int] = None
+
+  def facts(self) -> dict:
+    """The known (non-None) facts by name."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +265,8 @@ class Recipe:
       ``OPTIONAL_INPUTS``; "entropy" means ``batch.entropy``).
     loss_requires: optional inputs ``loss`` reads beyond those ``loss_config`` implies
       ("entropy" means the loss's ``entropy`` argument).
+    allocations: the rollout allocation rules (``rlpost.rollouts.allocate``) the recipe's paper
+      runs it with, its own first; a run must name one of them. () (the default): any rule.
   """
 
   name: str
@@ -238,6 +275,7 @@ class Recipe:
   loss: Callable = policy_loss
   advantage_requires: tuple = ()
   loss_requires: tuple = ()
+  allocations: tuple = ()
 
   @functools.cached_property
   def loss_fn(self) -> Callable:
@@ -299,6 +337,7 @@ def make_recipe(
     loss: Callable = policy_loss,
     advantage_requires: Sequence[str] = (),
     loss_requires: Sequence[str] = (),
+    allocations: Sequence[str] = (),
 ) -> Recipe:
   """Builds a Recipe; ``recipe.loss_fn`` is ``loss`` with ``config=loss_config`` bound.
 
@@ -311,6 +350,8 @@ def make_recipe(
     advantage_requires: optional inputs the chain reads (e.g. ("ref_logp",) for ACE,
       ("entropy",) for a chain reading ``batch.entropy``); names in ``OPTIONAL_INPUTS``.
     loss_requires: optional inputs ``loss`` reads beyond those ``loss_config`` implies.
+    allocations: the allocation rules the recipe runs with, its own first (a run must name
+      one); () for any.
   """
   if not callable(loss):
     raise TypeError(f"make_recipe({name!r}): loss must be callable, got {type(loss).__name__}")
@@ -321,4 +362,5 @@ def make_recipe(
       loss=loss,
       advantage_requires=_check_inputs(f"recipe {name!r} advantage_requires", advantage_requires),
       loss_requires=_check_inputs(f"recipe {name!r} loss_requires", loss_requires),
+      allocations=tuple(allocations),
   )

@@ -20,6 +20,8 @@ __all__ = [
     "SignFlipRates",
     "sign_flip_rates",
     "zero_variance_fraction",
+    "zero_advantage_fraction",
+    "per_prompt_mean",
     "ClipFractions",
     "clip_fractions",
     "EffectiveSampleSize",
@@ -95,6 +97,38 @@ def zero_variance_fraction(rewards: jax.Array, group_id: jax.Array, valid: jax.A
   eq = groups.group_all_equal(rewards, group_id, valid)
   first = groups.group_first(valid, group_id, valid)  # one representative per group
   return safe_divide(jnp.sum(first & eq, dtype=jnp.float32), jnp.sum(first, dtype=jnp.float32))
+
+
+def zero_advantage_fraction(values: jax.Array, weights: jax.Array, token_mask: jax.Array,
+                            group_id: jax.Array) -> jax.Array:
+  """Fraction of the step's groups (every group id with a row, valid or not) in which no
+  rollout the loss weighs has a nonzero advantage: nothing to learn from the group, whatever
+  its rewards (shaped advantages count), and a group an allocation dropped counts as such.
+
+  Args:
+    values: [B] or [B, T] float32 advantages (``Advantages.values``).
+    weights: [B] float32 loss weights (0 on invalid rows).
+    token_mask: [B, T] bool (used with [B, T] values).
+    group_id: [B] int32.
+
+  Returns:
+    [] float32.
+  """
+  rows = jnp.ones(group_id.shape, bool)
+  nonzero = values != 0 if values.ndim == 1 else jnp.any((values != 0) & token_mask, axis=1)
+  signal = groups.group_sum((nonzero & (weights > 0)).astype(jnp.float32), group_id, rows) > 0
+  first = groups.group_first(rows, group_id, rows)
+  return safe_divide(jnp.sum(first & ~signal, dtype=jnp.float32),
+                     jnp.sum(first, dtype=jnp.float32))
+
+
+def per_prompt_mean(values: jax.Array, group_id: jax.Array, valid: jax.Array) -> jax.Array:
+  """The mean over non-empty groups of each group's mean of ``values`` [B] over its valid rows:
+  every prompt counts once, however many rollouts an allocation gave it. [] float32."""
+  first = groups.group_first(valid, group_id, valid)
+  mean = groups.group_sum(values.astype(jnp.float32), group_id, valid) / jnp.maximum(
+      groups.group_count(group_id, valid), 1.0)
+  return safe_divide(jnp.sum(jnp.where(first, mean, 0.0)), jnp.sum(first, dtype=jnp.float32))
 
 
 class ClipFractions(NamedTuple):

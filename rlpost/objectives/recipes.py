@@ -43,7 +43,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from rlpost import typecheck
+from rlpost import registry, typecheck
 from rlpost.objectives import advantages as A
 from rlpost.objectives.base import (AdvantageTransform, Recipe, RecipeContext, chain,
                                     compute_advantages, make_recipe)
@@ -443,7 +443,9 @@ def dars(*, max_length: Optional[int] = None) -> Recipe:
   "seq-mean-token-sum-norm"); entropy bonus 0.001 (needs ``entropy``); no KL.
 
   Official code: yangzhch6/DARS (verl fork). The extra-rollout schedule and the dropping of
-  groups with merged accuracy 0 or 1 belong to rollout allocation, not to the objective.
+  groups with merged accuracy 0 or 1 belong to rollout allocation, not to the objective: the
+  recipe declares the allocations the paper runs it with, ``dars``, ``dars_b`` and ``plain``
+  (its GRPO baselines, which share this objective), and a run names one.
   """
   ml = _need_max_length("dars", max_length)
   return _Parts(
@@ -461,7 +463,7 @@ def dars(*, max_length: Optional[int] = None) -> Recipe:
           kl_coef=0.0,
           entropy_coef=0.001,
       ),
-  ).build("dars")
+  ).build("dars").replace(allocations=("dars", "dars_b", "plain"))
 
 
 # Registry ----------------------------------------------------------------------------------------
@@ -473,12 +475,15 @@ _LOSS_FIELDS = tuple(f.name for f in dataclasses.fields(PolicyLossConfig))
 def register_recipe(name: str, factory: Callable[..., Recipe]) -> None:
   """Adds ``factory`` (keyword-only hyperparameters, returns a Recipe) under ``name``.
 
-  A factory argument named like a ``RecipeContext`` field (``max_length``, ``group_size``)
-  receives that run fact from ``get_recipe(name, context)`` unless the caller overrides it.
+  A factory argument named like a ``RecipeContext`` field (``max_length``, ``group_size``,
+  ``tokenizer``, ``stop_ids``, ...) receives that run fact from ``get_recipe(name, context)``
+  unless the caller overrides it.
+
+  Registering a name again replaces the entry when ``factory`` has the same module and
+  qualified name (a re-imported module, a notebook cell run again); another factory under a
+  registered name raises ValueError (``rlpost.registry``).
   """
-  if name in _REGISTRY:
-    raise ValueError(f"recipe {name!r} is already registered")
-  _REGISTRY[name] = factory
+  registry.add(_REGISTRY, name, factory, what="recipe")
 
 
 def list_recipes() -> tuple:
@@ -493,8 +498,7 @@ def _context_args(factory: Callable[..., Recipe], context: Optional[RecipeContex
   if not isinstance(context, RecipeContext):
     raise TypeError(f"context must be a RecipeContext or None, got {type(context).__name__}")
   params = inspect.signature(factory).parameters
-  facts = {f.name: getattr(context, f.name) for f in dataclasses.fields(RecipeContext)}
-  return {k: v for k, v in facts.items() if v is not None and k in params}
+  return {k: v for k, v in context.facts().items() if k in params}
 
 
 def get_recipe(name: str, context: Optional[RecipeContext] = None, **overrides) -> Recipe:

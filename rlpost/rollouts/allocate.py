@@ -13,19 +13,30 @@ Rules (shape legend: P prompts per step, G group size, R rows):
 * ``dynamic_sampling`` (DAPO): P * k groups sampled, the first P with mixed outcomes kept in
   sampling order (0 < #correct < G); if fewer than P are mixed, the remaining groups are filled
   with unmixed ones and marked invalid. R = P * G; consumes P * k prompts.
-* ``dars`` (DARS, DARS-B): P * G stage-1 rows, then a fixed budget of stage-2 rows assigned to
-  prompts by the schedule (``rlpost.rollouts.dars.extra_rollouts``) and merged into their
-  groups; merged groups whose accuracy is 0 or 1 are invalid. R = P * G + budget. DARS-B is
-  this with a budget below the schedule's need (the breadth variant takes a larger P).
+* ``dars``: P * G stage-1 rows, then a fixed budget of stage-2 rows assigned to prompts by the
+  schedule (``rlpost.rollouts.dars.extra_rollouts``) and merged into their groups; merged groups
+  whose accuracy is 0 or 1 are invalid. R = P * G + budget.
+* ``dars_b`` (DARS-B): the same rule in a breadth run; it refuses mini-batches (the paper's
+  full-batch epochs).
+
+Each rule is registered (``register_allocation``) with its arguments (a dataclass: the config's
+``allocation_args``) and its ``Plan``, the rows of each sampling call and of the step's batch as
+functions of P, G and the arguments. The config checks ``rollout_chunk``, the mini-batches and
+the rule's own constraints on the run from them before any work, and the trainer runs the rule
+through ``Rule.__call__``, which refuses rows other than the plan's. A fork adds a rule in one
+file (README "Extending rlpost").
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from rlpost import registry
 from rlpost.rollouts import dars as dars_schedule
 
 
@@ -113,7 +124,8 @@ def dars(sample: Sample, prompts: Prompts, key: jax.Array, *, num_prompts: int, 
   """DARS: stage-1 groups of G, then ``budget`` stage-2 rows by ``schedule`` ("et" or "hw").
 
   Stage-2 rows go to prompts in order, each taking its schedule's extra rollouts until the
-  budget runs out (rows past the need are invalid). Metrics: dars_extra_rollouts,
+  budget runs out (rows past the need are invalid). Metrics: dars_demand (the stage-2 rows
+  the schedule asks for), dars_truncated (those past the budget), dars_extra_rollouts,
   dars_budget_used, dars_all_wrong_stage1, dars_rescued (all-wrong prompts with a right
   stage-2 rollout), kept_groups (share of merged groups that are mixed).
   """
@@ -138,9 +150,205 @@ def dars(sample: Sample, prompts: Prompts, key: jax.Array, *, num_prompts: int, 
   stage2_right = jax.ops.segment_sum((valid2 & r2.correct).astype(jnp.int32), owner, p)
   used = jnp.minimum(cum[-1], budget)
   metrics = dict(
+      dars_demand=cum[-1].astype(jnp.float32),
+      dars_truncated=jnp.maximum(cum[-1] - budget, 0).astype(jnp.float32),
       dars_extra_rollouts=used.astype(jnp.float32),
       dars_budget_used=used / max(budget, 1),
       dars_all_wrong_stage1=jnp.sum(acc == 0).astype(jnp.float32),
       dars_rescued=jnp.sum((acc == 0) & (stage2_right > 0)).astype(jnp.float32),
       kept_groups=jnp.mean(mixed.astype(jnp.float32)))
   return Allocation(ro, group, valid & mixed[group], p, metrics)
+
+
+# Registry -----------------------------------------------------------------------------------------
+
+
+class Plan(NamedTuple):
+  """What a rule samples per step, known before any work: ``calls`` the rows of each sampling
+  call in order, ``rows`` the rows R of the step's batch (the update's static shape)."""
+
+  calls: tuple
+  rows: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """A registered allocation rule (``register_allocation``).
+
+  Attributes:
+    name: registry name (the config key ``allocation``).
+    fn: ``fn(sample, prompts, key, *, <facts>, <args>) -> Allocation``. Facts are passed by
+      name where ``fn`` takes them: ``num_prompts`` (P), ``group_size`` (G), ``constrain``
+      (re-applies the rows' sharding to a gathered [R, ...] array; identity off a mesh), and
+      from the trainer ``max_length``, ``prompt_length``, ``tokenizer``, ``stop_ids`` and
+      ``pad_id`` (``rlpost.objectives.RecipeContext``).
+    args: a dataclass of the rule's arguments (the config key ``allocation_args``): field types
+      and defaults, and a ``__post_init__`` that raises ValueError naming a bad one; None for a
+      rule without arguments.
+    calls: ``calls(num_prompts, group_size, args) -> tuple[int, ...]``, the rows of each
+      sampling call.
+    rows: ``rows(num_prompts, group_size, args) -> int``, the rows of the returned batch; None:
+      every sampled row (the sum of ``calls``).
+    check: ``check(args, cfg) -> None``, raising ValueError when the rest of the run config
+      (read by attribute: ``num_minibatches``, ``group_size``, ...) cannot run this rule; None:
+      no constraint.
+  """
+
+  name: str
+  fn: Callable
+  args: type | None = None
+  calls: Callable = None
+  rows: Callable | None = None
+  check: Callable | None = None
+
+  def parse(self, values: dict | None = None):
+    """The rule's arguments from ``values`` (an instance of ``args``, or None without args).
+    Raises ValueError naming an unknown or ill-typed key (``rlpost.train.config.from_dict``
+    rules), or whatever ``args`` itself refuses."""
+    values = dict(values or {})
+    if self.args is None:
+      if values:
+        raise ValueError(f"allocation {self.name!r} takes no arguments (got {sorted(values)})")
+      return None
+    from rlpost.train.config import from_dict
+
+    try:
+      return from_dict(self.args, values, where="argument")
+    except (TypeError, ValueError) as e:
+      msg = str(e).removeprefix("argument: ").replace("config key", "argument")
+      raise ValueError(f"allocation {self.name!r}: {msg}") from None
+
+  def plan(self, args, num_prompts: int, group_size: int) -> Plan:
+    """The rule's ``Plan`` for P = ``num_prompts``, G = ``group_size``; ValueError when a call
+    or the batch would have no rows."""
+    calls = tuple(int(c) for c in self.calls(num_prompts, group_size, args))
+    rows = sum(calls) if self.rows is None else int(self.rows(num_prompts, group_size, args))
+    if not calls or min(calls) < 1 or rows < 1:
+      raise ValueError(f"its plan samples {list(calls)} rows per call into a batch of {rows}; "
+                       "every call and the batch need at least one row")
+    return Plan(calls, rows)
+
+  def __call__(self, args, sample: Sample, prompts: Prompts, key: jax.Array, *,
+               num_prompts: int, group_size: int, constrain: Callable = lambda x: x,
+               **facts) -> Allocation:
+    """Runs the rule and checks that it returned the rows its plan declares. ``facts``: other
+    run facts ``fn`` may take by name (the trainer passes ``max_length``, ``prompt_length``,
+    ``tokenizer``, ``stop_ids``, ``pad_id``)."""
+    facts = dict(facts, num_prompts=num_prompts, group_size=group_size, constrain=constrain)
+    params = inspect.signature(self.fn).parameters
+    kw = {k: v for k, v in facts.items() if k in params}
+    kw.update({} if args is None else {f.name: getattr(args, f.name)
+                                       for f in dataclasses.fields(args)})
+    out = self.fn(sample, prompts, key, **kw)
+    want = self.plan(args, num_prompts, group_size).rows
+    got = jnp.shape(out.group_id)[0]
+    if got != want or jnp.shape(out.valid) != (want,) or jnp.shape(out.rollouts.rewards) != (want,):
+      raise ValueError(f"allocation {self.name!r} returned {got} rows (group_id "
+                       f"{jnp.shape(out.group_id)}, valid {jnp.shape(out.valid)}, rewards "
+                       f"{jnp.shape(out.rollouts.rewards)}); its plan declares {want}")
+    return out
+
+
+_REGISTRY: dict[str, Rule] = {}
+
+
+def register_allocation(name: str, fn: Callable, *, calls: Callable, args: type | None = None,
+                        rows: Callable | None = None, check: Callable | None = None) -> Rule:
+  """Adds the allocation rule ``name`` (see ``Rule`` for the parts) and returns it.
+
+  Registering a name again replaces the entry when ``fn`` is the same function by module and
+  qualified name (a module re-imported, a notebook cell run again); another function under a
+  registered name raises ValueError.
+  """
+  if args is not None and not dataclasses.is_dataclass(args):
+    raise TypeError(f"allocation {name!r}: args must be a dataclass type, got {args!r}")
+  if not callable(calls):
+    raise TypeError(f"allocation {name!r}: calls must be a function (num_prompts, group_size, "
+                    "args) -> rows of each sampling call")
+  rule = Rule(name, fn, args, calls, rows, check)
+  registry.add(_REGISTRY, name, rule, what="allocation", key=lambda r: r.fn)
+  return rule
+
+
+def list_allocations() -> tuple:
+  """Registered allocation names, sorted."""
+  return tuple(sorted(_REGISTRY))
+
+
+def get_allocation(name: str) -> Rule:
+  """The rule ``name``; ValueError naming the registered ones otherwise."""
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown allocation {name!r}; registered: {', '.join(list_allocations())}")
+  return _REGISTRY[name]
+
+
+# Built-in rules -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicSamplingArgs:
+  """DAPO dynamic sampling: ``factor`` k, sample k * P groups and keep P with mixed outcomes
+  (DAPO's script samples 3x the training prompts)."""
+
+  factor: int = 3
+
+  def __post_init__(self):
+    if self.factor < 1:
+      raise ValueError(f"factor must be >= 1 (got {self.factor})")
+
+
+@dataclasses.dataclass(frozen=True)
+class DarsArgs:
+  """DARS: ``schedule`` "et" (equal treatment) or "hw" (hardness weighted), ``n_max`` the
+  largest merged group (stage 1 + stage 2), ``budget`` the stage-2 rows per step (static; 0:
+  P * (n_max - G), the schedule's largest demand, so stage 2 never truncates)."""
+
+  schedule: str = "et"
+  n_max: int = 32
+  budget: int = 0
+
+  def __post_init__(self):
+    if self.schedule not in ("et", "hw"):
+      raise ValueError(f"schedule must be 'et' or 'hw' (got {self.schedule!r})")
+    if self.n_max < 1:
+      raise ValueError(f"n_max must be >= 1 (got {self.n_max})")
+    if self.budget < 0:
+      raise ValueError(f"budget must be >= 0 (got {self.budget})")
+
+  def stage2_rows(self, num_prompts: int, group_size: int) -> int:
+    return self.budget or num_prompts * (self.n_max - group_size)
+
+
+def _dars_rule(sample, prompts, key, *, num_prompts, group_size, schedule, n_max, budget):
+  args = DarsArgs(schedule, n_max, budget)
+  return dars(sample, prompts, key, num_prompts=num_prompts, group_size=group_size,
+              n_max=n_max, schedule=schedule, budget=args.stage2_rows(num_prompts, group_size))
+
+
+def _dars_check(args: DarsArgs, cfg) -> None:
+  if args.n_max < cfg.group_size:
+    raise ValueError(f"n_max ({args.n_max}) must be >= group_size ({cfg.group_size}): the "
+                     "largest merged group holds the stage-1 group")
+  if args.n_max == cfg.group_size:
+    raise ValueError(f"n_max equals group_size ({cfg.group_size}), so the schedule never asks "
+                     "for stage-2 rollouts; raise n_max")
+
+
+def _dars_b_check(args: DarsArgs, cfg) -> None:
+  _dars_check(args, cfg)
+  if cfg.num_minibatches != 1:
+    raise ValueError(f"config key 'num_minibatches': DARS-B (allocation 'dars_b') updates on the "
+                     f"full batch, so it must be 1 (got {cfg.num_minibatches}); its epochs are "
+                     "num_iterations")
+
+
+def _dars_calls(p, g, a: DarsArgs):
+  return (p * g, a.stage2_rows(p, g))
+
+
+register_allocation("plain", plain, calls=lambda p, g, a: (p * g,))
+register_allocation("dynamic_sampling", dynamic_sampling, args=DynamicSamplingArgs,
+                    calls=lambda p, g, a: (p * g * a.factor,), rows=lambda p, g, a: p * g)
+register_allocation("dars", _dars_rule, args=DarsArgs, calls=_dars_calls, check=_dars_check)
+# DARS-B (DARS with large breadth): DARS's allocation in a run whose update is full-batch.
+register_allocation("dars_b", _dars_rule, args=DarsArgs, calls=_dars_calls, check=_dars_b_check)

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlpost import typecheck
+from rlpost import registry, typecheck
 from rlpost.tokenizer import Tokenizer, pad
 
 SPLITS = ("train", "test")
@@ -104,11 +104,13 @@ _BUILTIN = ("rlpost.tasks.arithmetic", "rlpost.tasks.countdown", "rlpost.tasks.m
 
 
 def register_task(task: type[Task]) -> type[Task]:
-  """Adds a ``Task`` subclass under ``task.name`` (usable as a class decorator)."""
+  """Adds a ``Task`` subclass under ``task.name`` (usable as a class decorator). A class of the
+  same module and qualified name replaces the entry (a re-imported module); another class under
+  a registered name raises ValueError (``rlpost.registry``)."""
   if not task.name:
     raise ValueError(f"{task.__name__} has no name")
-  if task.name in _REGISTRY and _REGISTRY[task.name] is not task:
-    raise ValueError(f"task {task.name!r} is already registered")
+  if task.name in _REGISTRY:
+    registry.add({task.name: _REGISTRY[task.name]}, task.name, task, what="task")
   missing = sorted(getattr(task, "__abstractmethods__", ()))
   if missing:
     raise ValueError(f"task {task.name!r} ({task.__name__}) does not implement "

@@ -3,6 +3,12 @@
 A config is a frozen dataclass of plain values. ``from_dict`` rejects unknown keys (naming them
 and listing the known ones) and values of the wrong type, and each config's ``validate`` rejects
 impossible values with the key in the message, so a bad run fails at start, not hours in.
+
+Each key is declared once, with ``key(default, group, help=...)``: its group (the section of
+``--help``), its help line, and two flags read by the code that compares configs: ``run_local``
+(runs of one arm may differ in it: where files live, how the run is laid out on devices and in
+memory, operational settings) and ``operational`` (a resumed run may change it without it
+counting as a config change). ``help_of``, ``keys_where`` and ``describe`` read them back.
 """
 
 from __future__ import annotations
@@ -15,6 +21,29 @@ import typing
 from typing import Any, Sequence, TypeVar
 
 T = TypeVar("T")
+
+
+def key(default: Any = dataclasses.MISSING, group: str = "", *, help: str,
+        run_local: bool = False, operational: bool = False, factory: Any = None):
+  """A config field with its metadata (see the module docstring); ``factory`` makes a fresh
+  default per config (``dict``, ``list``)."""
+  if not help or "\n" in help:
+    raise ValueError(f"a config key needs one line of help, got {help!r}")
+  meta = dict(group=group, help=help, run_local=run_local, operational=operational)
+  if factory is not None:
+    return dataclasses.field(default_factory=factory, metadata=meta)
+  return dataclasses.field(default=default, metadata=meta)
+
+
+def help_of(cls: type) -> dict[str, str]:
+  """{key: help line} of the config dataclass ``cls``, in field order."""
+  return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
+
+
+def keys_where(cls: type, **flags: bool) -> frozenset:
+  """The keys of ``cls`` whose metadata has every flag given, e.g. ``run_local=True``."""
+  return frozenset(f.name for f in dataclasses.fields(cls)
+                   if all(bool(f.metadata.get(k, False)) == v for k, v in flags.items()))
 
 
 def _coerce(name: str, value: Any, typ: Any) -> Any:
@@ -87,6 +116,8 @@ def _parse_literal(name: str, text: str) -> Any:
 def from_dict(cls: type[T], values: dict, *, where: str = "config") -> T:
   """Build dataclass ``cls`` from ``values``; unknown keys and wrong types raise ValueError."""
   fields = {f.name: f for f in dataclasses.fields(cls)}
+  if hasattr(cls, "upgrade"):  # older spellings of keys, rewritten (e.g. ``RLConfig.upgrade``)
+    values = cls.upgrade(dict(values))
   unknown = sorted(set(values) - set(fields))
   if unknown:
     raise ValueError(f"unknown {where} key(s) {unknown}; known keys: {sorted(fields)}")
@@ -137,24 +168,35 @@ def parse_overrides(items: Sequence[str], cls: type | None = None) -> dict:
   return out
 
 
-def describe(cls: type, help: dict[str, str]) -> str:
-  """Every key of dataclass ``cls`` as ``key (type, default: value)`` and its line of ``help``,
-  in field order (the text of ``scripts/train.py --help``)."""
+def describe(cls: type, help: dict[str, str] | None = None) -> str:
+  """Every key of dataclass ``cls`` as ``key (type, default: value)`` and its help line (from
+  ``help`` or the field's metadata), under its group's heading in the order the groups first
+  appear, in field order within a group (the text of ``scripts/train.py --help``)."""
   hints = typing.get_type_hints(cls)
-  lines = []
+  help = help_of(cls) if help is None else help
+  groups: dict[str, list] = {}
   for f in dataclasses.fields(cls):
-    if f.default is not dataclasses.MISSING:
-      default = f.default
-    elif f.default_factory is not dataclasses.MISSING:
-      default = f.default_factory()
-    else:
-      default = "required"
-    typ = getattr(hints[f.name], "__name__", None) or str(hints[f.name]).replace("typing.", "")
-    shown = repr(default)
-    if len(shown) > 40:
-      shown = shown[:37] + "..."
-    lines.append(f"  {f.name} ({typ}, default {shown})\n      {help.get(f.name, '')}")
+    groups.setdefault(f.metadata.get("group", ""), []).append(f)
+  lines = []
+  for group, fields in groups.items():
+    if group:
+      lines.append(f"{group}:")
+    lines += [_describe_field(f, hints, help) for f in fields]
   return "\n".join(lines)
+
+
+def _describe_field(f, hints: dict, help: dict) -> str:
+  if f.default is not dataclasses.MISSING:
+    default = f.default
+  elif f.default_factory is not dataclasses.MISSING:
+    default = f.default_factory()
+  else:
+    default = "required"
+  typ = getattr(hints[f.name], "__name__", None) or str(hints[f.name]).replace("typing.", "")
+  shown = repr(default)
+  if len(shown) > 40:
+    shown = shown[:37] + "..."
+  return f"  {f.name} ({typ}, default {shown})\n      {help.get(f.name, '')}"
 
 
 def to_dict(cfg) -> dict:

@@ -3,8 +3,9 @@
 Runs that look healthy in a loss plot while learning nothing share a few signatures, each visible
 in the step metrics the trainer already returns:
 
-* ``zero_variance_groups`` = 1: every group's rollouts got the same reward, so every advantage
-  is zero (too hard or too easy a task, a broken reward, a collapsed policy);
+* ``zero_advantage_groups`` = 1: no group has a nonzero advantage the loss weighs, so nothing
+  is learned (every group's rollouts got the same reward: too hard or too easy a task, a broken
+  reward, a collapsed policy; or an allocation or chain that drops every group);
 * ``truncated`` near 1: most completions hit the length limit, so they are scored as failures
   (or by an overlong penalty) and the policy learns nothing about answers;
 * ``logp_mismatch`` large: the sampler's log-probs and the trainer's recomputation of them for
@@ -70,7 +71,7 @@ class Guards:
   """Consecutive-step alarms over step metrics.
 
   Args:
-    patience: steps a condition must hold before ``zero_variance_groups``, ``truncated`` and
+    patience: steps a condition must hold before ``zero_advantage_groups``, ``truncated`` and
       ``grad_norm`` alarms fire.
     truncated: fraction of truncated completions above which a step counts as bad.
     logp_mismatch: mean absolute per-token log-prob difference between sampler and trainer above
@@ -81,8 +82,9 @@ class Guards:
     if patience < 1:
       raise ValueError(f"guard patience must be >= 1, got {patience}")
     self.rules = [
-        _Rule("zero_variance_groups", lambda v: v >= 1.0, patience,
-              "every group has identical rewards, so every advantage is zero: nothing is learned"),
+        _Rule("zero_advantage_groups", lambda v: v >= 1.0, patience,
+              "no group has a nonzero advantage in the loss (identical rewards in every group, "
+              "or every group dropped): nothing is learned"),
         _Rule("truncated", lambda v: v > truncated, patience,
               f"more than {truncated:.0%} of completions hit the length limit"),
         _Rule("logp_mismatch", lambda v: v > logp_mismatch, 1,

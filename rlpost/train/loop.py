@@ -34,17 +34,17 @@ import numpy as np
 
 from rlpost import averaging, paths, progress as progress_lib
 from rlpost.train import checkpoint, guards, tracking
-from rlpost.train.rl import RLState, Trainer, raise_if_bad
+from rlpost.train import config as config_lib
+from rlpost.train.rl import RLConfig, RLState, Trainer, raise_if_bad
 
 
 def _to_float(tree: dict) -> dict:
   return {k: float(v) for k, v in jax.device_get(tree).items()}
 
 
-# Keys that may change between a run and its resumption: they do not change the trajectory.
-OPERATIONAL_KEYS = frozenset({"steps", "run_dir", "resume_fallback", "keep_checkpoints",
-                              "guard_action", "guard_patience", "guard_truncated",
-                              "guard_logp_mismatch", "logger"})
+# Keys that may change between a run and its resumption: they do not change the trajectory
+# (declared with each key: ``operational`` in ``rlpost.train.rl_config.RLConfig``).
+OPERATIONAL_KEYS = config_lib.keys_where(RLConfig, operational=True)
 
 
 def _primary() -> bool:
@@ -128,6 +128,8 @@ def config_changes(run_dir: str, cfg) -> dict[str, dict]:
   step, in_ckpt = _stored_config(run_dir)
   if in_ckpt is not None:
     stored.append(in_ckpt)
+  if hasattr(type(cfg), "upgrade"):  # configs stored by older versions, in today's keys
+    stored = [json.loads(json.dumps(type(cfg).upgrade(dict(s)))) for s in stored]
   changes = {}
   for saved in stored:
     for k in sorted(set(saved) | set(cfg_dict)):
@@ -439,6 +441,9 @@ def _run(trainer: Trainer, run_dir: str, *, progress: bool, allow_config_change:
             f"checkpoint saved at step {step} in {ckpt.directory}")
       bar.update(1)
       post = {"reward": f"{metrics['reward']:.3f}", "loss": f"{metrics['loss']:.4f}"}
+      # The first few metrics the allocation rule and the advantage chain report.
+      post.update({k: f"{metrics[k]:.3g}" for k in getattr(trainer, "reported", ())[:3]
+                   if k in metrics})
       if evals:
         post["pass@1"] = f"{evals[-1]['pass@1']:.3f}"
       bar.set_postfix(post)

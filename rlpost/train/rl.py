@@ -111,7 +111,7 @@ class Trainer:
     self.train_data, self.test_data = s.train_data, s.test_data
     self.jax_reward = self.task.jax_reward is not None and isinstance(self.tok, CharTokenizer)
     self.score_host = task_base.host_scorer(self.task, self.rows, self.tok, self.stop_tokens)
-    self.recipe = build_recipe(cfg, self.max_new_tokens)
+    self.recipe = build_recipe(cfg, self.max_new_tokens, **self.run_facts())
     updates = cfg.steps * cfg.num_iterations * cfg.num_minibatches
     self.optimizer = optimizer or optax.chain(
         optax.clip_by_global_norm(cfg.grad_clip),
@@ -128,8 +128,15 @@ class Trainer:
         eval_samples=cfg.eval_samples, eval_batch=cfg.eval_batch,
         reward=lambda t, m, i: self.reward(t, m, i, self.test_data, split_id=1))
     self.num_traces = 0
+    self.reported: tuple[str, ...] = ()  # the allocation's and the chain's metric names
     self._jit_step = None
     self._merge = None
+
+  def run_facts(self) -> dict:
+    """Facts of this run that recipes and allocation rules may take by name, beyond the
+    config's sizes (``rlpost.objectives.RecipeContext``)."""
+    return dict(tokenizer=self.tok, stop_ids=tuple(self.stop_tokens), pad_id=self.pad_id,
+                prompt_length=int(self.train_data.prompt_tokens.shape[1]))
 
   def reward(self, tokens, mask, idx, data: TaskArrays, *, split_id: int = 0):
     """Rewards [B] float32 and correctness [B] bool of completions of prompts ``idx`` [B]."""
@@ -196,6 +203,8 @@ class Trainer:
 def _make_fns(tr: Trainer) -> TrainFns:
   cfg, recipe, rows = tr.cfg, tr.recipe, tr.rows_constraint
   p, g = cfg.num_prompts, cfg.group_size
+  rule, rule_args = cfg.allocation_rule()
+  facts = tr.run_facts()
   # log_confidence: the reference pass runs for the confidence diagnostics alone when the
   # recipe does not read ref_logp (the loss is unchanged: it reads only what it requires).
   needs = set(recipe.requires) | ({"ref_logp"} if cfg.log_confidence else set())
@@ -245,11 +254,8 @@ def _make_fns(tr: Trainer) -> TrainFns:
   def collect(params, cursor, key, data_key, data: TaskArrays) -> allocate.Allocation:
     smp = lambda idx, k: sample(params, idx, k, data)  # noqa: E731
     nxt = lambda n: prompt_indices(cursor, n, data_key, data.prompt_tokens.shape[0])  # noqa: E731
-    if cfg.dars_schedule:
-      return allocate.dars(smp, nxt, key, num_prompts=p, group_size=g, n_max=cfg.dars_n_max,
-                           schedule=cfg.dars_schedule, budget=cfg.resolved_dars_budget)
-    return allocate.dynamic_sampling(smp, nxt, key, num_prompts=p, group_size=g,
-                                     factor=cfg.dynamic_sampling_factor, constrain=rows)
+    return rule(rule_args, smp, nxt, key, num_prompts=p, group_size=g, constrain=rows,
+                max_length=tr.max_new_tokens, **facts)
 
   def update(state: RLState, alloc: allocate.Allocation, ref_params, k_adv, k_mb):
     ro, group, valid = alloc.rollouts, alloc.group_id, alloc.valid
@@ -276,16 +282,21 @@ def _make_fns(tr: Trainer) -> TrainFns:
                          ref_logp=ref_logp, correct=ro.correct, entropy=entropy)
     finite = obj.check_finite(batch)
     adv, adv_state = obj.compute_advantages(recipe.advantage, batch, state.adv_state, key=k_adv)
+    reported = dict(adv.metrics or {})  # the chain's own metrics (``obj.report``)
+    adv = adv._replace(metrics=None)
     params, opt_state, stats = update_epochs(state.params, state.opt_state, batch, ro.prompts,
                                              ro.pmask, adv, k_mb)
     vf = valid.astype(jnp.float32)
     n_valid = jnp.maximum(jnp.sum(vf), 1.0)
     bad = jnp.maximum(finite.first_bad_index, 0)
     metrics = dict(
-        stats, **alloc.metrics,
         reward=jnp.sum(ro.rewards * vf) / n_valid,
         accuracy=jnp.sum(ro.correct * vf) / n_valid,
+        prompt_reward=obj.per_prompt_mean(ro.rewards, group, valid),
+        prompt_accuracy=obj.per_prompt_mean(ro.correct, group, valid),
         zero_variance_groups=obj.zero_variance_fraction(batch.rewards, batch.group_id, valid),
+        zero_advantage_groups=obj.zero_advantage_fraction(adv.values, adv.weights, ro.mask,
+                                                          group),
         response_length=jnp.sum(jnp.sum(ro.mask, axis=1) * vf) / n_valid,
         truncated=jnp.sum((ro.sample.finish_reason == sampling.FINISH_LENGTH) * vf) / n_valid,
         adv_abs=_adv_abs(adv, ro.mask),
@@ -294,6 +305,10 @@ def _make_fns(tr: Trainer) -> TrainFns:
         nonfinite_index=finite.first_bad_index, nonfinite_field=finite.field,
         nonfinite_prompt=ro.idx[bad], nonfinite_group=group[bad],
         nonfinite_params=(~all_finite(params)).astype(jnp.int32))
+    metrics = _merge_metrics(trainer=metrics, loss=stats, allocation=alloc.metrics,
+                             advantage=reported)
+    # Trace-time record of the extensions' own metric names, for the progress bar.
+    tr.reported = tuple(sorted(alloc.metrics)) + tuple(sorted(reported))
     new_state = RLState(params, opt_state, adv_state, state.key, state.step + 1,
                         state.cursor + alloc.consumed)
     return new_state, metrics
@@ -307,6 +322,23 @@ def _make_fns(tr: Trainer) -> TrainFns:
     return update(state, alloc, ref_params, k_adv, k_mb)
 
   return TrainFns(init=init, step=step, collect=collect, update=update, sample=sample)
+
+
+def _merge_metrics(**sources: dict) -> dict:
+  """One dict of every source's metrics by name (the trainer's own, the loss's, the
+  allocation rule's and the advantage chain's); ValueError at trace time when two sources use
+  one name, or a name the run loop adds, naming both, or when a metric is not a scalar."""
+  out, owner = {}, {"step_seconds": "run loop"}
+  for source, metrics in sources.items():
+    for k, v in metrics.items():
+      if k in owner:
+        raise ValueError(f"metric {k!r} is reported by both the {owner[k]} and the {source}; "
+                         "rename one of them")
+      if jnp.ndim(v) != 0:
+        raise ValueError(f"metric {k!r} of the {source} has shape {jnp.shape(v)}; a step metric "
+                         "is a scalar")
+      out[k], owner[k] = v, source
+  return out
 
 
 def _policy_logp(tr: Trainer) -> Callable:

@@ -11,6 +11,7 @@ import importlib.util
 import math
 import os
 import warnings
+from typing import Any
 
 import jax
 import optax
@@ -19,9 +20,12 @@ from rlpost import objectives as obj
 from rlpost.models import attention as attention_lib
 from rlpost.models import lora
 from rlpost.models import transformer as tfm
+from rlpost.rollouts import allocate
 from rlpost.tasks import base as task_base
 from rlpost.tasks import builders, math_data
+from rlpost.train import config as config_lib
 from rlpost.train import tracking
+from rlpost.train.config import key
 
 DEFAULT_SFT_STEPS = 500
 DEFAULT_MODEL = dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=4,
@@ -40,103 +44,201 @@ class RLConfig:
 
   # task: a registered task (rlpost.tasks.base.list_tasks()) with its task_spec; the file tasks
   # gsm8k and math take {"train": path, "test": path}, and num_train / num_test cap their records
-  task: str = "arithmetic"
-  task_spec: dict = dataclasses.field(default_factory=dict)
-  num_train: int = 10000
-  num_test: int = 1000
-  data_seed: int = 0
-  graded_reward: bool = False
-  data_dir: str = builders.DEFAULT_DATA_DIR
+  task: str = key("arithmetic", group="task",
+      help="registered task: arithmetic, countdown, gsm8k, math (rlpost.tasks.base.list_tasks)")
+  task_spec: dict = key(group="task", factory=dict, run_local=True,
+      help="the task's options, e.g. digits for arithmetic; {'train': path, 'test': path} for the "
+           "file tasks")
+  num_train: int = key(10000, group="task",
+      help="training records generated (synthetic tasks) or the cap on records read")
+  num_test: int = key(1000, group="task",
+      help="test records generated or the cap on records read")
+  data_seed: int = key(0, group="task",
+      help="seed of the synthetic data sets")
+  graded_reward: bool = key(False, group="task",
+      help="partial credit instead of 0/1 where the task has it")
+  data_dir: str = key(builders.DEFAULT_DATA_DIR, group="task", run_local=True,
+      help="where generated data sets are cached (tfds array_record)")
   # file tasks: every literal "{question}" is replaced by the question (nothing else is parsed)
-  prompt_template: str = math_data.QWEN_MATH_TEMPLATE
+  prompt_template: str = key(math_data.QWEN_MATH_TEMPLATE, group="task",
+      help="file tasks: the prompt, with {question} replaced; @FILE on the command line reads it "
+           "from a file")
   # prompts longer than this many tokens are dropped (logged); 0 keeps every prompt
-  max_prompt_tokens: int = 0
+  max_prompt_tokens: int = key(0, group="task",
+      help="prompts longer than this many tokens are dropped (0: keep all)")
   # policy: a local Hugging Face checkpoint directory; "" is the built-in character model
-  policy: str = ""
+  policy: str = key("", group="policy", run_local=True,
+      help="a local Hugging Face checkpoint directory; '' is the built-in character model")
   # policy: token strings that end a completion besides the tokenizer's eos ids
-  extra_stop_tokens: tuple[str, ...] = ()
+  extra_stop_tokens: tuple[str, ...] = key((), group="policy",
+      help="with a policy: token strings that end a completion besides its eos ids")
   # policy and warm start; with a policy only POLICY_MODEL_KEYS may be set in model
-  model: dict = dataclasses.field(default_factory=dict)
-  model_seed: int = 0
-  sft_steps: int | None = None  # None: 500 for the character model, 0 with a policy or init_params
+  model: dict = key(group="policy", factory=dict, run_local=True,
+      help="TransformerConfig fields of the character model; with a policy only dtype, "
+           "param_dtype, max_seq_len, attention ('xla' | 'blockwise' | 'cudnn') and stacked_layers"
+           " (layers as one [L, ...] tensor each, scanned: full-size runs)")
+  model_seed: int = key(0, group="policy",
+      help="seed of the character model's initialisation")
+  # None: 500 for the character model, 0 with a policy or init_params
+  sft_steps: int | None = key(None, group="policy",
+      help="SFT warm-start steps of the character model (unset: 500; 0 with a policy)")
   # a pinned starting policy of the character model, <name>-<digest>.npz (rlpost.train.pinned,
   # scripts/testbed.py): loaded and checked against its digest instead of the SFT warm start
-  init_params: str = ""
-  sft_batch_size: int = 256
-  sft_lr: float = 1e-3
-  cache_dir: str = builders.DEFAULT_DATA_DIR.replace("tfds", "policies")
+  init_params: str = key("", group="policy",
+      help="a pinned start of the character model, <name>-<digest>.npz (scripts/testbed.py build),"
+           " checked against its digest; replaces the SFT warm start")
+  sft_batch_size: int = key(256, group="policy",
+      help="SFT warm-start batch size")
+  sft_lr: float = key(1e-3, group="policy",
+      help="SFT warm-start learning rate")
+  cache_dir: str = key(
+      builders.DEFAULT_DATA_DIR.replace("tfds", "policies"), group="policy", run_local=True,
+      help="where SFT warm-start policies are cached (keyed by their config)")
   # rollouts
-  recipe: str = "grpo"
-  recipe_args: dict = dataclasses.field(default_factory=dict)
-  num_prompts: int = 16
-  group_size: int = 8
-  max_new_tokens: int = 0  # 0: longest demonstration + 2
-  temperature: float = 1.0
-  top_p: float = 1.0
-  dynamic_sampling_factor: int = 1  # DAPO: sample k*P groups, keep P with mixed outcomes
-  dars_schedule: str = ""  # "", "et" (equal treatment) or "hw" (hardness weighted)
-  dars_n_max: int = 32  # largest merged group (stage 1 + stage 2)
-  dars_budget: int = 0  # stage-2 rows per step (static); 0: P * (n_max - G) (never truncates)
+  recipe: str = key("grpo", group="rollouts",
+      help="the objective: grpo, dr_grpo, dapo, gspo, gmpo, pnpo, rloo, mc_grpo, ace, dars, ... "
+           "(rlpost.objectives.list_recipes)")
+  recipe_args: dict = key(group="rollouts", factory=dict,
+      help="the recipe's own arguments, e.g. {'alpha': 0.5} for ace")
+  num_prompts: int = key(16, group="rollouts",
+      help="prompts per RL step")
+  group_size: int = key(8, group="rollouts",
+      help="rollouts per prompt (G)")
+  # 0: longest demonstration + 2
+  max_new_tokens: int = key(0, group="rollouts",
+      help="completion length; 0: longest demonstration + 2 (character model only)")
+  temperature: float = key(1.0, group="rollouts",
+      help="sampling temperature of the rollouts")
+  top_p: float = key(1.0, group="rollouts",
+      help="nucleus sampling threshold of the rollouts")
+  # which prompts get how many rollouts: a registered rule (rlpost.rollouts.allocate:
+  # plain, dynamic_sampling, dars, dars_b, or a fork's) and its arguments; "" is plain unless the
+  # recipe declares the allocations its paper runs it with, which must then be named
+  allocation: str = key("", group="rollouts",
+      help="which prompts get how many rollouts: plain, dynamic_sampling (DAPO), dars, dars_b or a"
+           " registered rule (rlpost.rollouts.allocate.list_allocations); '' is plain unless the "
+           "recipe names its own")
+  allocation_args: dict = key(group="rollouts", factory=dict,
+      help="the rule's arguments, e.g. {'factor': 3} for dynamic_sampling, {'schedule': 'et', "
+           "'n_max': 32, 'budget': 0} for dars")
   # optimisation
-  lr: float = 1e-4
-  lr_schedule: str = "constant"  # or "cosine" (to 0 at the last optimizer update)
-  lr_warmup_steps: int = 0  # linear warmup from 0 over this many optimizer updates
-  b1: float = 0.9
-  b2: float = 0.999
-  weight_decay: float = 0.0
-  grad_clip: float = 1.0
-  num_iterations: int = 1
-  num_minibatches: int = 1
+  lr: float = key(1e-4, group="optimisation",
+      help="RL learning rate (Adam)")
+  # or "cosine" (to 0 at the last optimizer update)
+  lr_schedule: str = key("constant", group="optimisation",
+      help="'constant' or 'cosine' (to 0 at the last optimizer update)")
+  # linear warmup from 0 over this many optimizer updates
+  lr_warmup_steps: int = key(0, group="optimisation",
+      help="linear warm-up from 0 over this many optimizer updates")
+  b1: float = key(0.9, group="optimisation",
+      help="Adam beta1")
+  b2: float = key(0.999, group="optimisation",
+      help="Adam beta2")
+  weight_decay: float = key(0.0, group="optimisation",
+      help="decoupled weight decay (AdamW)")
+  grad_clip: float = key(1.0, group="optimisation",
+      help="global gradient-norm clip")
+  num_iterations: int = key(1, group="optimisation",
+      help="epochs over each step's rollouts (PPO-style reuse)")
+  num_minibatches: int = key(1, group="optimisation",
+      help="optimizer updates per epoch")
   # memory: each optimizer mini-batch in grad_accum sequential micro-batches (gradients summed,
   # the loss exactly the mini-batch's); per-layer rematerialisation; the LM head over chunks of
   # logits_chunk completion positions (0: all at once). Values are unchanged by all three.
-  grad_accum: int = 1
-  remat: bool = False
-  logits_chunk: int = 0
+  grad_accum: int = key(1, group="memory", run_local=True,
+      help="micro-batches per mini-batch (memory; the update is unchanged)")
+  remat: bool = key(False, group="memory", run_local=True,
+      help="recompute each layer in the backward pass (memory)")
+  logits_chunk: int = key(0, group="memory", run_local=True,
+      help="LM head over this many completion positions at a time (memory; 0: all)")
   # padding-free scoring (rlpost.models.packing): each scored call packs its rows' real tokens
   # into bins of pack_bin_rows rows, as many as the smallest of these fractions of the padded
   # slots that fits, the padded pass otherwise; () off. Values are unchanged (up to float
   # summation order).
-  pack_buckets: tuple[float, ...] = ()
-  pack_bin_rows: int = 2
+  pack_buckets: tuple[float, ...] = key((), group="memory", run_local=True,
+      help="padding-free scoring: pack the rows' real tokens into the smallest of these fractions "
+           "of the padded slots that fits, e.g. [0.5, 0.75] (speed; [] off)")
+  pack_bin_rows: int = key(2, group="memory", run_local=True,
+      help="padding-free scoring: each packed row holds this many padded rows' slots")
   # compute reference log-probs every step for the confidence diagnostics (overconfident
   # errors, confidence-shift quantiles) even when the recipe does not need them
-  log_confidence: bool = False
+  log_confidence: bool = key(False, group="evaluation",
+      help="log the confidence-shift diagnostics (one reference pass per step) even when the "
+           "recipe needs no reference log-probs")
   # LoRA (rlpost.models.lora): train rank-r adapters on these projections, the base frozen
-  lora_rank: int = 0  # 0: full fine-tuning
-  lora_alpha: float = 16.0
-  lora_targets: str = ",".join(lora.DEFAULT_TARGETS)
+  # 0: full fine-tuning
+  lora_rank: int = key(0, group="policy",
+      help="LoRA: rank of the adapters trained with the base weights frozen (0: full fine-tuning);"
+           " exports merge them")
+  lora_alpha: float = key(16.0, group="policy",
+      help="LoRA: the adapters' output is scaled by lora_alpha / lora_rank")
+  lora_targets: str = key(",".join(lora.DEFAULT_TARGETS), group="policy",
+      help="LoRA: comma-separated projections to adapt in every layer: q_proj, k_proj, v_proj, "
+           "o_proj, gate_proj, up_proj, down_proj, lm_head")
   # rollouts sampled in sequential chunks of this many rows (0: all at once): bounds the KV cache
-  rollout_chunk: int = 0
-  steps: int = 500
-  seed: int = 0
+  rollout_chunk: int = key(0, group="rollouts", run_local=True,
+      help="sample this many rows at a time (bounds the KV cache; 0: all)")
+  steps: int = key(500, group="optimisation", operational=True,
+      help="RL steps")
+  seed: int = key(0, group="optimisation", run_local=True,
+      help="seed of the RL run (sampling, advantages, mini-batches)")
   # evaluation
-  eval_every: int = 100
-  eval_problems: int = 500
-  eval_samples: int = 16
-  eval_batch: int = 1024
+  eval_every: int = key(100, group="evaluation",
+      help="evaluate every this many steps (and at the last)")
+  eval_problems: int = key(500, group="evaluation",
+      help="test problems per evaluation (0: the whole test split)")
+  eval_samples: int = key(16, group="evaluation",
+      help="samples per test problem (pass@k up to this k)")
+  eval_batch: int = key(1024, group="evaluation",
+      help="rows per evaluation sampling call")
   # weight averages evaluated beside the raw policy, e.g. "lawa:k=5,every=50;ema:decay=0.99"
-  averaging: str = ""
+  averaging: str = key("", group="evaluation",
+      help="weight averages evaluated beside the raw policy, e.g. "
+           "'lawa:k=5,every=50;ema:decay=0.99'")
   # devices: the rollout batch is split over a (data, fsdp) mesh of all devices
-  mesh_fsdp: int = 1
-  param_sharding: str = "replicate"  # or "fsdp"
+  mesh_fsdp: int = key(1, group="devices", run_local=True,
+      help="size of the mesh's fsdp axis (the rest is data parallel)")
+  # or "fsdp"
+  param_sharding: str = key("replicate", group="devices", run_local=True,
+      help="'replicate' or 'fsdp' (parameters and optimizer state sharded)")
   # run directory
-  run_dir: str = ""
-  checkpoint_every: int = 100
-  keep_checkpoints: int = 2
-  resume_fallback: bool = False  # resume from the previous checkpoint if the latest is corrupt
+  run_dir: str = key("", group="run", run_local=True, operational=True,
+      help="run directory (default runs/<config>-<recipe>-s<seed>); rerunning resumes")
+  checkpoint_every: int = key(100, group="run", run_local=True,
+      help="save a checkpoint every this many steps (and at the last)")
+  keep_checkpoints: int = key(2, group="run", run_local=True, operational=True,
+      help="checkpoints kept on disk")
+  # resume from the previous checkpoint if the latest is corrupt
+  resume_fallback: bool = key(False, group="run", run_local=True, operational=True,
+      help="resume from the previous checkpoint if the latest is corrupt")
   # experiment trackers beside metrics.jsonl (rlpost.train.tracking): comma-separated kinds
-  logger: str = "tensorboard"
+  logger: str = key("tensorboard", group="run", run_local=True, operational=True,
+      help="experiment trackers beside metrics.jsonl: tensorboard, wandb or none; comma-separated "
+           "for several")
   # silent-failure guards (rlpost.train.guards): "warn", "stop" (save and end the run) or "off"
-  guard_action: str = "warn"
-  guard_patience: int = 50
-  guard_truncated: float = 0.5
-  guard_logp_mismatch: float = 0.05
+  guard_action: str = key("warn", group="guards", run_local=True, operational=True,
+      help="silent-failure guards: 'warn', 'stop' (save and end the run) or 'off'")
+  guard_patience: int = key(50, group="guards", run_local=True, operational=True,
+      help="steps a guard's condition must hold before it fires")
+  guard_truncated: float = key(0.5, group="guards", run_local=True, operational=True,
+      help="share of truncated completions above which the truncation guard counts")
+  guard_logp_mismatch: float = key(0.05, group="guards", run_local=True, operational=True,
+      help="sampler-trainer log-prob gap per token above which the guard fires")
 
   def __post_init__(self):
     if self.sft_steps is None:
       object.__setattr__(self, "sft_steps",
                          0 if self.policy or self.init_params else DEFAULT_SFT_STEPS)
+    # The rule's arguments with its defaults filled in, so a stored config and a resumed one
+    # compare equal however many of them each spelled out (left as given when the rule or its
+    # arguments are unknown here: ``validate`` reports them).
+    if self.allocation in allocate.list_allocations() and isinstance(self.allocation_args, dict):
+      try:
+        args = allocate.get_allocation(self.allocation).parse(self.allocation_args)
+      except ValueError:
+        args = None
+      if args is not None:
+        object.__setattr__(self, "allocation_args", dataclasses.asdict(args))
 
   def validate(self) -> None:
     def need(cond, key, msg):
@@ -247,13 +349,6 @@ class RLConfig:
         averaging.parse_specs(self.averaging)
       except ValueError as e:
         raise ValueError(f"config key 'averaging': {e}") from None
-    need(self.dynamic_sampling_factor >= 1, "dynamic_sampling_factor", "must be >= 1")
-    need(self.dars_schedule in ("", "et", "hw"), "dars_schedule", "must be '', 'et' or 'hw'")
-    need(not (self.dars_schedule and self.dynamic_sampling_factor > 1), "dars_schedule",
-         "DARS and DAPO dynamic sampling are exclusive")
-    need(not self.dars_schedule or self.dars_n_max >= self.group_size, "dars_n_max",
-         "must be >= group_size")
-    need(self.dars_budget >= 0, "dars_budget", "must be >= 0")
     need(self.eval_every >= 1, "eval_every", "must be >= 1")
     need(self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
     need(self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1")
@@ -275,16 +370,15 @@ class RLConfig:
     n_dev = len(jax.devices())
     need(self.mesh_fsdp >= 1 and n_dev % self.mesh_fsdp == 0, "mesh_fsdp",
          f"must divide the number of devices ({n_dev})")
-    rows = self.num_prompts * self.group_size + self.resolved_dars_budget
+    plan = self.allocation_plan()
+    rows = plan.rows
     need(rows % self.num_minibatches == 0, "num_minibatches",
          f"must divide the rollout batch of {rows} rows")
     need((rows // self.num_minibatches) % n_dev == 0,
          "num_prompts", f"the mini-batch of {rows // self.num_minibatches} rollouts must be "
          f"divisible by the {n_dev} devices of the mesh")
     if self.rollout_chunk:
-      calls = [self.num_prompts * self.group_size * self.dynamic_sampling_factor]
-      if self.dars_schedule:
-        calls.append(self.resolved_dars_budget)
+      calls = list(plan.calls)
       need(self.rollout_chunk % n_dev == 0 and all(c % self.rollout_chunk == 0 for c in calls),
            "rollout_chunk", f"must divide every sampling call's rows {calls} and be divisible "
            f"by the {n_dev} devices of the mesh")
@@ -301,9 +395,11 @@ class RLConfig:
     # The recipe's arguments, checked now (building it is cheap) rather than after the data
     # and the SFT warm start; lengths not known yet stand in as max_new_tokens or 16.
     recipe = build_recipe(self, self.max_new_tokens or 16)
-    # One rollout per group (DARS can merge extra rollouts into a group, so it may have more):
-    # a group-relative baseline makes every advantage 0 and the run would learn nothing.
-    singletons = self.group_size == 1 and not self.dars_schedule
+    self._check_allocation(recipe)
+    # One rollout per group (a rule that samples more rows than prompts, such as DARS, can merge
+    # extra rollouts into a group): a group-relative baseline makes every advantage 0 and the
+    # run would learn nothing.
+    singletons = self.group_size == 1 and rows <= self.num_prompts
     if singletons and not obj.recipes.learns_from_singleton_groups(recipe):
       raise ValueError(f"config key 'group_size': recipe {self.recipe!r} measures each rollout "
                        "against its group, so with one rollout per group every advantage is "
@@ -327,98 +423,100 @@ class RLConfig:
     return lora.LoraConfig(rank=self.lora_rank, alpha=self.lora_alpha,
                            targets=lora.parse_targets(self.lora_targets), seed=self.seed)
 
-  @property
-  def resolved_dars_budget(self) -> int:
-    if not self.dars_schedule:
-      return 0
-    return self.dars_budget or self.num_prompts * (self.dars_n_max - self.group_size)
+  def allocation_rule(self) -> tuple[allocate.Rule, Any]:
+    """(the allocation rule, its parsed arguments); ValueError naming ``allocation`` or
+    ``allocation_args``."""
+    try:
+      rule = allocate.get_allocation(self.allocation or "plain")
+    except ValueError as e:
+      raise ValueError(f"config key 'allocation': {e}") from None
+    try:
+      args = rule.parse(self.allocation_args)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"config key 'allocation_args': {e}") from None
+    return rule, args
+
+  def allocation_plan(self) -> allocate.Plan:
+    """The rows of each sampling call and of the step's batch (``allocate.Plan``), after the
+    rule's own constraints on the run (``Rule.check``). A message of the rule that names a
+    config key (``config key '...'``) is passed on; others are about ``allocation_args``."""
+    rule, args = self.allocation_rule()
+
+    def fail(e):
+      msg = str(e)
+      head = "" if msg.startswith("config key") else "config key 'allocation_args': "
+      raise ValueError(f"{head}allocation {rule.name!r}: {msg}" if head else msg) from None
+
+    if rule.check is not None:
+      try:
+        rule.check(args, self)
+      except ValueError as e:
+        fail(e)
+    try:
+      return rule.plan(args, self.num_prompts, self.group_size)
+    except (TypeError, ValueError) as e:
+      fail(e)
+
+  def _check_allocation(self, recipe: obj.Recipe) -> None:
+    """The recipe's declared allocations against the run's."""
+    unknown = [a for a in recipe.allocations if a not in allocate.list_allocations()]
+    if unknown:
+      raise ValueError(f"config key 'recipe': recipe {self.recipe!r} declares the allocations "
+                       f"{unknown}, which are not registered (registered: "
+                       f"{list(allocate.list_allocations())})")
+    declared = recipe.allocations
+    if declared and not self.allocation:
+      raise ValueError(f"config key 'allocation': recipe {self.recipe!r} runs with one of the "
+                       f"allocations {list(declared)} (its paper's first); name one, e.g. "
+                       f"allocation={declared[0]!r}")
+    if declared and self.allocation not in declared:
+      raise ValueError(f"config key 'allocation': recipe {self.recipe!r} runs with one of the "
+                       f"allocations {list(declared)}, not {self.allocation!r}")
+
+  @staticmethod
+  def upgrade(values: dict) -> dict:
+    """A config dict with the allocation keys of older versions (``dynamic_sampling_factor``,
+    ``dars_schedule``, ``dars_n_max``, ``dars_budget``) rewritten as ``allocation`` and
+    ``allocation_args``, so stored configs and run directories still load. A dict that names
+    ``allocation`` and sets an old key to a non-default value raises ValueError."""
+    old = {k: values[k] for k in LEGACY_ALLOCATION_KEYS if k in values}
+    if not old:
+      return values
+    out = {k: v for k, v in values.items() if k not in LEGACY_ALLOCATION_KEYS}
+    try:
+      factor = old.get("dynamic_sampling_factor", 1)
+      factor = 1 if factor is None else int(factor)
+    except (TypeError, ValueError):
+      raise ValueError("config key 'dynamic_sampling_factor' must be an int, got "
+                       f"{old['dynamic_sampling_factor']!r}") from None
+    schedule = old.get("dars_schedule", "") or ""
+    if factor != 1 and schedule:
+      raise ValueError("config keys 'dars_schedule' and 'dynamic_sampling_factor': DARS and "
+                       "DAPO dynamic sampling are exclusive")
+    if schedule:
+      name = "dars"
+      args = dict(schedule=schedule, n_max=old.get("dars_n_max", 32),
+                  budget=old.get("dars_budget", 0))
+    elif factor != 1:  # 0 or below: refused by the rule's arguments, as before
+      name, args = "dynamic_sampling", dict(factor=factor)
+    else:
+      # Named explicitly only for the one built-in recipe that declares its allocations.
+      name, args = ("plain" if values.get("recipe") == "dars" else ""), {}
+    if values.get("allocation") or values.get("allocation_args"):
+      if name not in ("", "plain"):
+        raise ValueError(f"config keys {sorted(old)} (older spellings of 'allocation') conflict "
+                         f"with 'allocation'; set allocation={name!r}, allocation_args={args} "
+                         "alone")
+      return out
+    return dict(out, allocation=name, allocation_args=args)
 
 
-# One line per key for ``scripts/train.py --help`` (types and defaults come from the dataclass;
-# tests/train/test_config_help.py fails when a key is missing here or a name here is not a key).
-HELP = {
-    "task": "registered task: arithmetic, countdown, gsm8k, math (rlpost.tasks.base.list_tasks)",
-    "task_spec": "the task's options, e.g. digits for arithmetic; {'train': path, 'test': path} "
-                 "for the file tasks",
-    "num_train": "training records generated (synthetic tasks) or the cap on records read",
-    "num_test": "test records generated or the cap on records read",
-    "data_seed": "seed of the synthetic data sets",
-    "graded_reward": "partial credit instead of 0/1 where the task has it",
-    "data_dir": "where generated data sets are cached (tfds array_record)",
-    "prompt_template": "file tasks: the prompt, with {question} replaced; @FILE on the command "
-                       "line reads it from a file",
-    "max_prompt_tokens": "prompts longer than this many tokens are dropped (0: keep all)",
-    "policy": "a local Hugging Face checkpoint directory; '' is the built-in character model",
-    "extra_stop_tokens": "with a policy: token strings that end a completion besides its eos ids",
-    "model": "TransformerConfig fields of the character model; with a policy only dtype, "
-             "param_dtype, max_seq_len, attention ('xla' | 'blockwise' | 'cudnn') and "
-             "stacked_layers (layers as one [L, ...] tensor each, scanned: full-size runs)",
-    "model_seed": "seed of the character model's initialisation",
-    "sft_steps": "SFT warm-start steps of the character model (unset: 500; 0 with a policy)",
-    "sft_batch_size": "SFT warm-start batch size",
-    "sft_lr": "SFT warm-start learning rate",
-    "init_params": "a pinned start of the character model, <name>-<digest>.npz (scripts/"
-                   "testbed.py build), checked against its digest; replaces the SFT warm start",
-    "cache_dir": "where SFT warm-start policies are cached (keyed by their config)",
-    "recipe": "the objective: grpo, dr_grpo, dapo, gspo, gmpo, pnpo, rloo, mc_grpo, ace, dars, "
-              "... (rlpost.objectives.list_recipes)",
-    "recipe_args": "the recipe's own arguments, e.g. {'alpha': 0.5} for ace",
-    "num_prompts": "prompts per RL step",
-    "group_size": "rollouts per prompt (G)",
-    "max_new_tokens": "completion length; 0: longest demonstration + 2 (character model only)",
-    "temperature": "sampling temperature of the rollouts",
-    "top_p": "nucleus sampling threshold of the rollouts",
-    "dynamic_sampling_factor": "DAPO dynamic sampling: draw k * P groups, keep P with mixed "
-                               "outcomes (1: off)",
-    "dars_schedule": "DARS stage-2 schedule: '' (off), 'et' (equal treatment), 'hw' (hardness "
-                     "weighted)",
-    "dars_n_max": "DARS: the largest merged group (stage 1 + stage 2)",
-    "dars_budget": "DARS: stage-2 rows per step (0: P * (n_max - G), never truncates)",
-    "lr": "RL learning rate (Adam)",
-    "lr_schedule": "'constant' or 'cosine' (to 0 at the last optimizer update)",
-    "lr_warmup_steps": "linear warm-up from 0 over this many optimizer updates",
-    "b1": "Adam beta1",
-    "b2": "Adam beta2",
-    "weight_decay": "decoupled weight decay (AdamW)",
-    "grad_clip": "global gradient-norm clip",
-    "num_iterations": "epochs over each step's rollouts (PPO-style reuse)",
-    "num_minibatches": "optimizer updates per epoch",
-    "grad_accum": "micro-batches per mini-batch (memory; the update is unchanged)",
-    "remat": "recompute each layer in the backward pass (memory)",
-    "logits_chunk": "LM head over this many completion positions at a time (memory; 0: all)",
-    "pack_buckets": "padding-free scoring: pack the rows' real tokens into the smallest of "
-                    "these fractions of the padded slots that fits, e.g. [0.5, 0.75] (speed; "
-                    "[] off)",
-    "pack_bin_rows": "padding-free scoring: each packed row holds this many padded rows' slots",
-    "log_confidence": "log the confidence-shift diagnostics (one reference pass per step) even "
-                      "when the recipe needs no reference log-probs",
-    "lora_rank": "LoRA: rank of the adapters trained with the base weights frozen (0: full "
-                 "fine-tuning); exports merge them",
-    "lora_alpha": "LoRA: the adapters' output is scaled by lora_alpha / lora_rank",
-    "lora_targets": "LoRA: comma-separated projections to adapt in every layer: q_proj, k_proj, "
-                    "v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head",
-    "rollout_chunk": "sample this many rows at a time (bounds the KV cache; 0: all)",
-    "steps": "RL steps",
-    "seed": "seed of the RL run (sampling, advantages, mini-batches)",
-    "eval_every": "evaluate every this many steps (and at the last)",
-    "eval_problems": "test problems per evaluation (0: the whole test split)",
-    "eval_samples": "samples per test problem (pass@k up to this k)",
-    "eval_batch": "rows per evaluation sampling call",
-    "averaging": "weight averages evaluated beside the raw policy, e.g. "
-                 "'lawa:k=5,every=50;ema:decay=0.99'",
-    "mesh_fsdp": "size of the mesh's fsdp axis (the rest is data parallel)",
-    "param_sharding": "'replicate' or 'fsdp' (parameters and optimizer state sharded)",
-    "run_dir": "run directory (default runs/<config>-<recipe>-s<seed>); rerunning resumes",
-    "checkpoint_every": "save a checkpoint every this many steps (and at the last)",
-    "keep_checkpoints": "checkpoints kept on disk",
-    "resume_fallback": "resume from the previous checkpoint if the latest is corrupt",
-    "logger": "experiment trackers beside metrics.jsonl: tensorboard, wandb or none; "
-              "comma-separated for several",
-    "guard_action": "silent-failure guards: 'warn', 'stop' (save and end the run) or 'off'",
-    "guard_patience": "steps a guard's condition must hold before it fires",
-    "guard_truncated": "share of truncated completions above which the truncation guard counts",
-    "guard_logp_mismatch": "sampler-trainer log-prob gap per token above which the guard fires",
-}
+# The allocation keys of older configs (``RLConfig.upgrade``).
+LEGACY_ALLOCATION_KEYS = ("dynamic_sampling_factor", "dars_schedule", "dars_n_max", "dars_budget")
+
+
+# One line per key for ``scripts/train.py --help``, from the fields' metadata.
+HELP = config_lib.help_of(RLConfig)
 
 
 def learning_rate(*, lr: float, schedule: str, warmup_steps: int, total_steps: int):
@@ -442,10 +540,14 @@ def learning_rate(*, lr: float, schedule: str, warmup_steps: int, total_steps: i
   return optax.join_schedules([optax.linear_schedule(0.0, lr, warm), after], [warm])
 
 
-def build_recipe(cfg: RLConfig, max_len: int) -> obj.Recipe:
-  """The configured recipe, with this run's facts (max completion length ``max_len``, group
-  size) as its context; it must need nothing the trainer does not compute (``PROVIDED``)."""
-  context = obj.RecipeContext(max_length=max_len, group_size=cfg.group_size)
+def build_recipe(cfg: RLConfig, max_len: int, **facts) -> obj.Recipe:
+  """The configured recipe, with this run's facts as its context: the max completion length
+  ``max_len``, the group size, prompts and rows per step from ``cfg``, and ``facts`` (other
+  ``RecipeContext`` fields: tokenizer, stop_ids, pad_id, prompt_length) where known. It must
+  need nothing the trainer does not compute (``PROVIDED``)."""
+  context = obj.RecipeContext(max_length=max_len, group_size=cfg.group_size,
+                              num_prompts=cfg.num_prompts, rows=cfg.allocation_plan().rows,
+                              **facts)
   try:
     obj.recipes.check_override_types(cfg.recipe, cfg.recipe_args)
     recipe = obj.get_recipe(cfg.recipe, context, **cfg.recipe_args)

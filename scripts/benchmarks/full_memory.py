@@ -43,7 +43,7 @@ def runs() -> dict[tuple, list[str]]:
   for exp in EXPERIMENTS:
     full = importlib.import_module(f"experiments.{exp}.full").FULL
     for name, cfg in full.items():
-      rows = cfg["num_prompts"] * cfg["group_size"] + cfg.get("dars_budget", 0)
+      rows = full_size.sampling_plan(cfg).rows
       per_device = rows // cfg.get("num_minibatches", 1) // cfg.get("grad_accum", 1)
       per_device //= full_size.DEVICES
       key = (cfg["policy"].rstrip("/").split("/")[-1], cfg["max_prompt_tokens"],

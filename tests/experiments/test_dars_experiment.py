@@ -19,8 +19,7 @@ def test_arms_sample_matched_rollouts_and_never_truncate():
 
   def sampled(name):
     c = config_lib.from_dict(rl.RLConfig, cfgs[name])
-    stage2 = c.resolved_dars_budget if c.dars_schedule else 0
-    return c.steps * (c.num_prompts * c.group_size + stage2)
+    return c.steps * c.allocation_plan().rows
 
   # the naive N samples what DARS samples; breadth keeps each arm's total; depth doubles it
   assert sampled("grpo-n16") == sampled("dars-et") == sampled("dars-b")
@@ -28,7 +27,9 @@ def test_arms_sample_matched_rollouts_and_never_truncate():
   for name in ("dars-et", "dars-b"):
     c = config_lib.from_dict(rl.RLConfig, cfgs[name])
     # the static budget is the schedule's largest demand: every prompt at n_max
-    assert c.resolved_dars_budget == c.num_prompts * (c.dars_n_max - c.group_size)
+    n_max = c.allocation_args["n_max"]
+    assert c.allocation_plan().calls == (c.num_prompts * c.group_size,
+                                         c.num_prompts * (n_max - c.group_size))
   b = cfgs["dars-b"]
   assert b["num_minibatches"] == 1 and b["num_iterations"] == 2 and b["num_prompts"] == 256
   assert cfgs["grpo-b"]["steps"] == sz.steps // sz.breadth

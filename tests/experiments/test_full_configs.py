@@ -29,7 +29,7 @@ TOY = dict(num_prompts=2, steps=1, max_new_tokens=8, num_train=4, num_test=3, ev
            eval_problems=2, eval_samples=2, eval_batch=8, checkpoint_every=1, mesh_fsdp=1,
            grad_accum=1, rollout_chunk=0)
 # Sizes that scale with the prompts per step or with the completion length.
-SCALED = ("dars_budget", "recipe_args")
+SCALED = ("allocation_args", "recipe_args")
 # One run per distinct code path: objective x rollout allocation x task x policy family.
 STEP_RUNS = [("mc_grpo", "math-G2-median"), ("mc_grpo", "math-G2-mean_drop"),
              ("mc_grpo", "gsm8k-G4-mean"), ("ace", "ace-dapo-0.5"), ("ace", "dapo"),
@@ -61,8 +61,9 @@ def toy(cfg: dict, env) -> dict:
              task_spec=env["data"][cfg["task"]])
   scale_p = TOY["num_prompts"] / cfg["num_prompts"]
   scale_n = TOY["max_new_tokens"] / cfg["max_new_tokens"]
-  if cfg.get("dars_budget"):
-    out["dars_budget"] = max(1, round(cfg["dars_budget"] * scale_p))
+  if cfg.get("allocation_args", {}).get("budget"):
+    args = cfg["allocation_args"]
+    out["allocation_args"] = dict(args, budget=max(1, round(args["budget"] * scale_p)))
   if "overlong_buffer" in cfg["recipe_args"]:
     out["recipe_args"] = dict(cfg["recipe_args"],
                               overlong_buffer=max(1, round(cfg["recipe_args"]["overlong_buffer"]
@@ -104,7 +105,7 @@ def test_full_config_trains_one_step_and_evaluates(env, experiment, name):
   rl.raise_if_bad(m, 1)
   assert np.isfinite(float(m["loss"])) and np.isfinite(float(m["grad_norm"]))
   assert {"loss", "reward", "accuracy", "grad_norm", "truncated", "logp_mismatch"} <= set(m)
-  if cfg.get("dars_schedule"):
+  if cfg.get("allocation", "").startswith("dars"):
     assert {"dars_extra_rollouts", "dars_rescued", "kept_groups"} <= set(m)
   if cfg["recipe"] == "ace":
     assert {"overconfident_errors", "confidence_shift"} <= set(m)
@@ -123,7 +124,7 @@ def test_memory_plans_fit_the_planned_node(experiment):
   cap = d * full_size.TRAIN_ROWS_PER_DEVICE
   for name, cfg in full_runs(experiment).items():
     assert cfg["remat"] and cfg["logits_chunk"] == 512, name
-    rows = cfg["num_prompts"] * cfg["group_size"] + cfg.get("dars_budget", 0)
+    rows = full_size.sampling_plan(cfg).rows
     mb = rows // cfg.get("num_minibatches", 1)
     a = cfg["grad_accum"]
     assert mb % a == 0 and (mb // a) % d == 0, (name, mb, a)

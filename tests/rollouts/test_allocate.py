@@ -76,7 +76,8 @@ def test_dars_assigns_the_budget_by_schedule_and_drops_unmixed_groups():
   # and stage-2 rows beyond the schedule's need (the last 2) are invalid.
   np.testing.assert_array_equal(a.valid, [True] * 4 + [False] * 4 + [True] * 4 + [False] * 2)
   m = {k: float(v) for k, v in a.metrics.items()}
-  want = dict(dars_extra_rollouts=4.0, dars_budget_used=4 / 6, dars_all_wrong_stage1=1.0,
-              dars_rescued=1.0, kept_groups=0.5)
+  want = dict(dars_demand=4.0, dars_truncated=0.0, dars_extra_rollouts=4.0,
+              dars_budget_used=4 / 6, dars_all_wrong_stage1=1.0, dars_rescued=1.0,
+              kept_groups=0.5)
   assert m.keys() == want.keys()
   np.testing.assert_allclose([m[k] for k in want], list(want.values()), rtol=1e-6)

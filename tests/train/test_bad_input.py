@@ -188,10 +188,11 @@ def test_file_task_spec_paths_are_strings(task, train_path, expected):
     ("ace", {"alpha": 0.5}), ("gspo", {}), ("dars", {}),
 ])
 def test_group_relative_recipes_refuse_one_rollout_per_group(recipe, args):
+  rule = {"allocation": "plain"} if recipe == "dars" else {}  # DARS's GRPO baseline
   with pytest.raises(ValueError, match=rf"^config key 'group_size': recipe '{recipe}' .*every "
                                        r"advantage is exactly 0"):
-    _cfg(recipe=recipe, recipe_args=args, group_size=1)
-  assert _cfg(recipe=recipe, recipe_args=args, group_size=2).group_size == 2
+    _cfg(recipe=recipe, recipe_args=args, group_size=1, **rule)
+  assert _cfg(recipe=recipe, recipe_args=args, group_size=2, **rule).group_size == 2
 
 
 def _batch_mean_baseline():
@@ -223,9 +224,10 @@ def test_registered_recipes_are_probed():
       recipes._REGISTRY.pop(name)
 
 
-def test_dars_schedule_may_merge_single_rollouts():
+def test_dars_allocation_may_merge_single_rollouts():
   # Stage-2 rollouts join the stage-1 rollout's group, so groups can hold several.
-  assert _cfg(recipe="dars", group_size=1, dars_schedule="et").group_size == 1
+  assert _cfg(recipe="dars", group_size=1, allocation="dars",
+              allocation_args={"schedule": "et"}).group_size == 1
 
 
 # -------------------------------------------------------------------------- the command line

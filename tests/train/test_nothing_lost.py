@@ -406,6 +406,24 @@ def test_a_changed_config_is_refused_even_without_config_json(finished, tmp_path
   assert loop.config_changes(run, cfg) == {}
 
 
+def test_a_run_stored_by_an_older_version_resumes(finished, tmp_path):
+  """A config.json written before ``allocation`` existed (its rule in ``dars_schedule`` and
+  ``dynamic_sampling_factor``) is read in today's keys: the same run is no change, another
+  rule is."""
+  run_dir, trainer = finished
+  run = copy_run(run_dir, tmp_path / "x")
+  path = os.path.join(run, "config.json")
+  with open(path) as f:
+    saved = json.load(f)
+  saved.pop("allocation"), saved.pop("allocation_args")
+  saved.update(dynamic_sampling_factor=1, dars_schedule="", dars_n_max=32, dars_budget=0)
+  with open(path, "w") as f:
+    json.dump(saved, f)
+  assert loop.config_changes(run, trainer.cfg) == {}
+  other = dataclasses.replace(trainer.cfg, allocation="dynamic_sampling")
+  assert set(loop.config_changes(run, other)) == {"allocation"}
+
+
 def test_a_checkpoint_of_another_shape_is_never_moved_aside(tmp_path):
   """A config change that alters the state's shape (another model) with resume_fallback set
   must not take the run's sound checkpoints for damage and move them all aside: it is refused

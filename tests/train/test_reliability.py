@@ -254,14 +254,14 @@ def test_sigkill_at_random_points_resumes_to_the_uninterrupted_result(dirs, tmp_
 # ----------------------------------------------------------------------------------- guards
 def test_guards_fire_once_per_episode_and_rearm():
   g = guards.Guards(patience=3, truncated=0.5, logp_mismatch=0.01)
-  seq = [dict(zero_variance_groups=1.0, truncated=0.9, grad_norm=0.0, logp_mismatch=0.0)] * 4
-  seq += [dict(zero_variance_groups=0.5, truncated=0.1, grad_norm=0.3, logp_mismatch=0.2)]
-  seq += [dict(zero_variance_groups=1.0, truncated=0.1, grad_norm=0.3, logp_mismatch=0.0)] * 3
+  seq = [dict(zero_advantage_groups=1.0, truncated=0.9, grad_norm=0.0, logp_mismatch=0.0)] * 4
+  seq += [dict(zero_advantage_groups=0.5, truncated=0.1, grad_norm=0.3, logp_mismatch=0.2)]
+  seq += [dict(zero_advantage_groups=1.0, truncated=0.1, grad_norm=0.3, logp_mismatch=0.0)] * 3
   fired = {step: [a.metric for a in g.check(step, m)] for step, m in enumerate(seq, 1)}
-  assert fired[3] == ["zero_variance_groups", "truncated", "grad_norm"]
+  assert fired[3] == ["zero_advantage_groups", "truncated", "grad_norm"]
   assert fired[4] == []  # once per episode
   assert fired[5] == ["logp_mismatch"]  # a correctness problem: fires at once
-  assert fired[8] == ["zero_variance_groups"]  # re-armed after the condition cleared
+  assert fired[8] == ["zero_advantage_groups"]  # re-armed after the condition cleared
   alarm = guards.Guards(patience=1).check(12, {"truncated": 0.75})[0]
   assert str(alarm).startswith("step 12: truncated = 0.75") and "length limit" in str(alarm)
   with pytest.raises(ValueError, match="patience"):
@@ -287,7 +287,7 @@ def test_guards_in_a_run_warn_once_or_stop_naming_metric_and_step(dirs, tmp_path
   rows = loop.read_metrics(str(tmp_path / "warn" / "metrics.jsonl"))
   recorded = [r["guard/message"] for r in rows if "guard/metric" in r]
   assert {r["guard/metric"] for r in rows if "guard/metric" in r} >= {"truncated",
-                                                                       "zero_variance_groups"}
+                                                                       "zero_advantage_groups"}
   assert [f"WARNING: {m}" for m in recorded] == alarms
   with pytest.raises(guards.TrainingStalled, match=r"step 2: .*checkpoint saved at step 2"):
     loop.run(tiny(dirs, guard_action="stop", **kw), str(tmp_path / "stop"), progress=False)

@@ -43,7 +43,8 @@ RECIPES = [
 
 @pytest.mark.parametrize("recipe,args,g", RECIPES, ids=[f"{r}-{'-'.join(a)}" for r, a, _ in RECIPES])
 def test_every_recipe_trains_without_nan_or_recompilation(dirs, recipe, args, g):
-  tr = tiny(dirs, recipe=recipe, recipe_args=args, group_size=g)
+  rule = {"allocation": "plain"} if recipe == "dars" else {}  # DARS's objective, its baseline
+  tr = tiny(dirs, recipe=recipe, recipe_args=args, group_size=g, **rule)
   state = tr.init_state()
   start = state.params
   for i in range(3):
@@ -75,19 +76,21 @@ def _steps_checked(tr, steps: int):
 
 
 @pytest.mark.parametrize("kw", [
-    dict(recipe="dars", dars_schedule="et", dars_n_max=8),
-    dict(recipe="dars", dars_schedule="hw", dars_n_max=8, dars_budget=8),
-    dict(recipe="dapo", dynamic_sampling_factor=3),
+    dict(recipe="dars", allocation="dars", allocation_args=dict(schedule="et", n_max=8)),
+    dict(recipe="dars", allocation="dars", allocation_args=dict(schedule="hw", n_max=8,
+                                                                budget=8)),
+    dict(recipe="dapo", allocation="dynamic_sampling", allocation_args=dict(factor=3)),
     # DARS-B: breadth (a larger rollout batch), full-batch updates, exactly 2 optimizer steps.
-    dict(recipe="dars", dars_schedule="et", dars_n_max=8, num_prompts=8, num_iterations=2,
-         num_minibatches=1),
+    dict(recipe="dars", allocation="dars_b", allocation_args=dict(schedule="et", n_max=8),
+         num_prompts=8, num_iterations=2, num_minibatches=1),
 ], ids=["dars-et", "dars-hw-budget", "dapo-dynamic", "dars-b"])
 def test_rollout_allocation_in_the_step(dirs, kw):
   tr = tiny(dirs, **kw)
   state, m = _steps_checked(tr, 3)
   assert_moved(m, str(kw))
-  if "dars_schedule" in kw:
+  if kw["allocation"].startswith("dars"):
     assert "dars_rescued" in m and 0 <= m["dars_rescued"] <= m["dars_all_wrong_stage1"]
+    assert 0 <= m["dars_extra_rollouts"] <= m["dars_demand"]
     assert int(state.cursor) == 3 * tr.cfg.num_prompts
   else:
     assert int(state.cursor) == 3 * tr.cfg.num_prompts * 3  # k*P prompts consumed per step
@@ -308,7 +311,8 @@ def test_rollouts_in_chunks_sample_the_same_rows(dirs):
   the chunks draw the same completions as one call: the tokens agree except where float
   rounding of the batched forward pass flips a near-tie (allowed in at most 1 row in 32), and
   the step's update agrees within 1% of its size. DARS's second stage is chunked too."""
-  for kw in (dict(), dict(recipe="dars", dars_schedule="et", dars_n_max=8)):
+  for kw in (dict(), dict(recipe="dars", allocation="dars",
+                          allocation_args=dict(schedule="et", n_max=8))):
     ref = tiny(dirs, **kw)
     s0 = ref.init_state()
     k = jax.random.wrap_key_data(s0.key)

@@ -210,7 +210,7 @@ def test_train_script_runs_a_named_full_run_with_overrides(env, tmp_path):
   assert saved["extra_stop_tokens"] == ["<|im_end|>"]
   # Re-running resumes (tuples compare as saved); a config saved before a key existed counts it
   # at its default.
-  assert saved.pop("resume_fallback") is False and saved.pop("dars_schedule") == ""
+  assert saved.pop("resume_fallback") is False and saved.pop("allocation") == ""
   cfg_file.write_text(json.dumps(saved))
   assert train_script.main(argv)["resumed_from"] == 1
   saved.pop("lr_warmup_steps")  # 23 here, not the default 0

@@ -1,0 +1,25 @@
+"""Name registries that tolerate re-import.
+
+Recipes, tasks and allocation rules register under a name when their module is imported. A module
+imported again (``importlib.reload``, a notebook cell run twice, a config file executed twice)
+registers new objects of the same origin, its module and qualified name: they replace the old
+entry. Another object under a taken name is refused, so two extensions cannot shadow each other.
+"""
+
+from __future__ import annotations
+
+
+def origin(obj) -> str:
+  """``module.qualname`` of a function or class (of the wrapped function of a partial)."""
+  obj = getattr(obj, "func", obj)
+  return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def add(registry: dict, name: str, obj, *, what: str, key=lambda x: x) -> None:
+  """``registry[name] = obj``, unless ``name`` holds an entry of another origin (``key``
+  picks the registered function or class out of an entry): then ValueError."""
+  old = registry.get(name)
+  if old is not None and origin(key(old)) != origin(key(obj)):
+    raise ValueError(f"{what} {name!r} is already registered (by {origin(key(old))}); "
+                     f"{origin(key(obj))} cannot take its name")
+  registry[name] = obj
