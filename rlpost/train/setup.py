@@ -1,14 +1,21 @@
 """Host-side setup of an RL run: the task's records, the policy and the task arrays on device.
 
-``build(cfg, log)`` loads the task (``rlpost.tasks.base.get_task``), encodes every prompt with
-the policy's tokenizer (``Tokenizer.encode_prompt``, after ``prompt_template`` for tasks that
-use one), drops prompts longer than ``max_prompt_tokens``, and builds the policy: a Hugging Face
-checkpoint as loaded (``policy=/path``), or the character model sized to the prompts and
-demonstrations and SFT warm-started on the train split's demonstrations (cached by content).
-With ``lora_rank`` > 0 the policy is then given LoRA adapters (``rlpost.models.lora.apply``,
-B = 0: the same function as before), so its graph and parameters include them.
-``character_model_config(cfg, log)`` gives that model's size alone (for export), without a model or
-a warm start.
+``build(cfg, log)`` is one pass, top to bottom:
+
+1. the task (``rlpost.tasks.base.get_task``) and, with ``policy=/path``, the Hugging Face module,
+   its tokenizer and stop ids (``rlpost.models.policy.load_hf``);
+2. the records, every prompt encoded with that tokenizer (``Tokenizer.encode_prompt``, after
+   ``prompt_template`` for tasks that use one), prompts longer than ``max_prompt_tokens``
+   dropped;
+3. the start: the checkpoint as loaded, or the character model sized to the prompts and
+   demonstrations, initialised once and started in place from the pinned ``init_params`` or the
+   SFT warm start on the train split's demonstrations (cached by content);
+4. with ``lora_rank`` > 0, LoRA adapters on that module (``rlpost.models.lora.apply``, B = 0:
+   the same function as before);
+5. the module split once into a ``Policy``, and the task arrays.
+
+``character_model_config(cfg, log)`` gives the character model's size alone (for export), without
+a model or a warm start; ``character_start`` its starting parameters alone (for testbeds).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from flax import nnx
 
 from rlpost.models import lora
 from rlpost.models import transformer as tfm
-from rlpost.models.policy import Policy
+from rlpost.models.policy import Policy, load_hf
 from rlpost.tasks import base as task_base
 from rlpost.tasks.base import Task, TaskArrays
 from rlpost.tasks.tokenizer import CharTokenizer
@@ -38,38 +45,25 @@ class Setup(NamedTuple):
 
 
 def build(cfg: RLConfig, log: Callable[[str], None], *, progress: bool = True) -> Setup:
+  """The run's task, records, policy and task arrays, in one pass: each stage takes the model
+  the last one made and gives it on (one module, split into a ``Policy`` once at the end)."""
   task = task_base.get_task(cfg.task)(cfg)
-  policy = None
-  if cfg.policy:
-    policy = Policy.from_hf(cfg.policy, dtype=cfg.model.get("dtype", "float32"),
-                            param_dtype=cfg.model.get("param_dtype"),
-                            max_seq_len=cfg.model.get("max_seq_len"),
-                            attention=cfg.model.get("attention", "xla"),
-                            stacked_layers=cfg.model.get("stacked_layers", False),
-                            extra_stop_tokens=cfg.extra_stop_tokens)
-  tok = policy.tokenizer if policy else CharTokenizer()
-  records = task.load(log)
-  records, ids = _encode_prompts(cfg, task, records, tok, log)
+  pretrained = _pretrained(cfg) if cfg.policy else None  # (module, tokenizer, stop ids)
+  tok = pretrained[1] if pretrained else CharTokenizer()
+  records, ids = _encode_prompts(cfg, task, task.load(log), tok, log)
   if cfg.eval_problems > len(records["test"]):
     log(f"eval_problems={cfg.eval_problems} exceeds the {len(records['test'])} {cfg.task} "
         f"test problems: evaluating all {len(records['test'])}")
   tp = _prompt_len(ids)
-  if policy is None:
-    policy, max_new = _character_policy(cfg, records, tp, log, progress)
+  if pretrained is None:
+    model_cfg, max_new = _character_config(cfg, records, tp)
+    model, stops = _character_start(cfg, model_cfg, records, log, progress), None
   else:
-    max_new = cfg.max_new_tokens
-    if tp + max_new > policy.model_cfg.max_seq_len:
-      raise ValueError(
-          f"prompts of up to {tp} tokens + max_new_tokens {max_new} exceed the policy's "
-          f"max_seq_len {policy.model_cfg.max_seq_len} ({cfg.policy}/config.json "
-          "max_position_embeddings); lower 'max_prompt_tokens' or 'max_new_tokens', or set "
-          "model={'max_seq_len': ...}")
-    log(f"policy {cfg.policy}: {policy.model_cfg.num_params() / 1e6:.1f}M parameters, "
-        f"{tok.vocab_size} tokens, stop ids {list(policy.stop_ids)}, pad id {policy.pad_id}; "
-        f"{len(records['train'])} train / {len(records['test'])} test prompts of <= {tp} "
-        "tokens; no SFT warm start")
+    (model, _, stops), max_new = pretrained, cfg.max_new_tokens
+    _check_pretrained(cfg, model, tok, stops, records, tp, log)
   if cfg.lora_rank:
-    policy = with_adapters(policy, cfg.lora_config(), log)
+    model = _with_adapters(model, cfg.lora_config(), log)
+  policy = Policy.from_model(model, tok, stops)
   jax_reward = task.jax_reward is not None and isinstance(tok, CharTokenizer)
   arrays = {split: task_base.task_arrays(
       records[split], ids[split], pad_id=policy.pad_id, length=tp,
@@ -78,18 +72,41 @@ def build(cfg: RLConfig, log: Callable[[str], None], *, progress: bool = True) -
   return Setup(task, records, policy, arrays["train"], arrays["test"], max_new)
 
 
-def with_adapters(policy: Policy, lora_cfg: lora.LoraConfig,
-                  log: Callable[[str], None] = print) -> Policy:
-  """``policy`` with fresh LoRA adapters (``lora.apply``) on ``lora_cfg.targets``."""
+def _pretrained(cfg: RLConfig):
+  """(module, tokenizer, stop ids) of the Hugging Face checkpoint ``cfg.policy``."""
+  return load_hf(cfg.policy, dtype=cfg.model.get("dtype", "float32"),
+                 param_dtype=cfg.model.get("param_dtype"),
+                 max_seq_len=cfg.model.get("max_seq_len"),
+                 attention=cfg.model.get("attention", "xla"),
+                 stacked_layers=cfg.model.get("stacked_layers", False),
+                 extra_stop_tokens=cfg.extra_stop_tokens)
+
+
+def _check_pretrained(cfg: RLConfig, model: tfm.Transformer, tok, stops, records: dict,
+                      tp: int, log) -> None:
+  max_new = cfg.max_new_tokens
+  if tp + max_new > model.cfg.max_seq_len:
+    raise ValueError(
+        f"prompts of up to {tp} tokens + max_new_tokens {max_new} exceed the policy's "
+        f"max_seq_len {model.cfg.max_seq_len} ({cfg.policy}/config.json "
+        "max_position_embeddings); lower 'max_prompt_tokens' or 'max_new_tokens', or set "
+        "model={'max_seq_len': ...}")
+  log(f"policy {cfg.policy}: {model.cfg.num_params() / 1e6:.1f}M parameters, "
+      f"{tok.vocab_size} tokens, stop ids {list(dict.fromkeys(stops))}, pad id {tok.pad_id}; "
+      f"{len(records['train'])} train / {len(records['test'])} test prompts of <= {tp} "
+      "tokens; no SFT warm start")
+
+
+def _with_adapters(model: tfm.Transformer, lora_cfg: lora.LoraConfig,
+                   log: Callable[[str], None]) -> tfm.Transformer:
   try:
-    model = lora.apply(policy.model(), lora_cfg)
+    model = lora.apply(model, lora_cfg)
   except ValueError as e:
     raise ValueError(f"config key 'lora_targets': {e}") from None
-  adapted = Policy.from_model(model, policy.tokenizer, policy.stop_ids)
-  total, trainable = lora.count(adapted.params)
+  total, trainable = lora.count(nnx.state(model))
   log(f"LoRA rank {lora_cfg.rank} (alpha {lora_cfg.alpha:g}) on {', '.join(lora_cfg.targets)}: "
       f"{trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.2f}%)")
-  return adapted
+  return model
 
 
 def _encode_prompts(cfg: RLConfig, task: Task, records: dict, tok, log):
@@ -160,22 +177,20 @@ def character_start(cfg: RLConfig, log: Callable[[str], None], *,
   cfg = dataclasses.replace(cfg, model=dict(cfg.model, stacked_layers=False))
   task = task_base.get_task(cfg.task)(cfg)
   records, ids = _encode_prompts(cfg, task, task.load(log), CharTokenizer(), log)
-  policy, _ = _character_policy(cfg, records, _prompt_len(ids), log, progress)
-  return policy.params
+  model_cfg, _ = _character_config(cfg, records, _prompt_len(ids))
+  return nnx.state(_character_start(cfg, model_cfg, records, log, progress))
 
 
-def _character_policy(cfg: RLConfig, records: dict, tp: int, log,
-                      progress: bool = True) -> tuple[Policy, int]:
-  """The character model sized for prompts of ``tp`` tokens and the demonstrations, SFT
-  warm-started on the train split (cached under ``cache_dir`` by content)."""
+def _character_start(cfg: RLConfig, model_cfg: tfm.TransformerConfig, records: dict, log,
+                     progress: bool = True) -> tfm.Transformer:
+  """The character model of ``model_cfg``, initialised and started: the pinned ``init_params``
+  or the SFT warm start on the train split (cached under ``cache_dir`` by content)."""
   tok = CharTokenizer()
-  model_cfg, max_new = _character_config(cfg, records, tp)
   # Layer storage changes how the weights are held, not the function: the model is initialised
   # and warm-started with its layers stored one by one (the same weights and SFT cache either
   # way) and restacked after.
   stacked = model_cfg.stacked_layers
-  policy = Policy.character(model_cfg.replace(stacked_layers=False), seed=cfg.model_seed)
-  model = policy.model()
+  model = tfm.init_model(model_cfg.replace(stacked_layers=False), seed=cfg.model_seed)
   if cfg.init_params:
     from rlpost.train import pinned
 
@@ -186,8 +201,8 @@ def _character_policy(cfg: RLConfig, records: dict, tp: int, log,
                             seed=cfg.model_seed)
     # The SFT data: the task's train records, less prompts dropped by max_prompt_tokens.
     dropped = [cfg.max_prompt_tokens] if cfg.max_prompt_tokens else []
-    key = sft.cache_key(policy.model_cfg, sft_cfg, cfg.task, cfg.task_spec, cfg.num_train,
+    key = sft.cache_key(model.cfg, sft_cfg, cfg.task, cfg.task_spec, cfg.num_train,
                         cfg.num_test, cfg.data_seed, cfg.model_seed, *dropped)
     sft.cached_sft(model, records["train"], tok, sft_cfg, cfg.cache_dir, key, log=log,
                    progress=progress)
-  return Policy.from_model(tfm.with_layers_stacked(model, stacked), tok), max_new
+  return tfm.with_layers_stacked(model, stacked)

@@ -100,3 +100,28 @@ def test_prompt_metrics_weigh_each_prompt_once_under_ragged_groups(dirs):
   # DARS drops the groups its merge left unmixed: those are the step's groups with no signal.
   mixed = [g for g in range(8) if 0 < correct[valid & (group == g)].sum() < sizes[g]]
   np.testing.assert_allclose(m["zero_advantage_groups"], 1 - len(mixed) / 8, rtol=1e-6)
+
+
+def test_setup_builds_the_policy_once(dirs, monkeypatch):
+  """The start, the warm start and the adapters act on one module, split into a Policy once."""
+  from rlpost.models import transformer as tfm
+  from rlpost.models.policy import Policy
+  from rlpost.train import setup
+
+  calls = {"init": 0, "split": 0, "merge": 0}
+  init, from_model, merge = tfm.init_model, Policy.from_model.__func__, Policy.model
+
+  def count(name, fn):
+    def wrapped(*a, **k):
+      calls[name] += 1
+      return fn(*a, **k)
+    return wrapped
+
+  monkeypatch.setattr(tfm, "init_model", count("init", init))
+  monkeypatch.setattr(Policy, "from_model", classmethod(count("split", from_model)))
+  monkeypatch.setattr(Policy, "model", count("merge", merge))
+  s = setup.build(rl.RLConfig(**learning_config(dirs, lora_rank=2)), lambda m: None,
+                  progress=False)
+  assert calls == {"init": 1, "split": 1, "merge": 0}
+  assert any("lora_a" in "/".join(map(str, p)) for p, _ in jax.tree_util.tree_flatten_with_path(
+      s.policy.params)[0])
