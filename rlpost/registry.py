@@ -4,6 +4,8 @@ Recipes, tasks and allocation rules register under a name when their module is i
 imported again (``importlib.reload``, a notebook cell run twice, a config file executed twice)
 registers new objects of the same origin, its module and qualified name: they replace the old
 entry. Another object under a taken name is refused, so two extensions cannot shadow each other.
+Origin is a name, not an identity: two lambdas of one module share ``<lambda>``, and a
+``functools.partial`` counts as the function it wraps, so register named functions.
 """
 
 from __future__ import annotations
