@@ -1,8 +1,12 @@
 """GRPO-family RL training as pure, jitted functions (in the style of purejaxrl).
 
-``make_train(config)`` does the host-side setup once: the task (``rlpost.tasks.base``), the
-policy (``rlpost.models.policy``: the character model, SFT warm-started and cached, or a local
-Hugging Face checkpoint), the task arrays, the recipe, the optimizer. Its ``fns`` are pure:
+``make_train(policy, task, recipe, allocation, optimizer, mesh, spec=...)`` makes the pure
+functions of a run from explicit parts (``Parts``: a ``Policy``, a ``TaskData``, a ``Recipe``,
+an allocation rule, an optax optimizer, a mesh and a ``StepSpec``), with no config and no
+trainer. ``make_train(config)`` is the config path onto it: it validates the config, does the
+host-side setup once (``setup.build``: the task, the policy, SFT warm-started and cached for the
+character model or a local Hugging Face checkpoint, the task arrays), builds the recipe and the
+optimizer, and returns a ``Trainer`` holding the parts and the functions. The functions are:
 
     fns.init(params, seed) -> RLState
     fns.step(state, data, ref_params) -> (state, metrics)
@@ -13,7 +17,7 @@ Hugging Face checkpoint), the task arrays, the recipe, the optimizer. Its ``fns`
 Every array a step uses is an argument (``data`` is the train split's ``TaskArrays``,
 ``ref_params`` the frozen reference policy); the caller chooses ``jit``, ``vmap`` over seeds
 (``Trainer.vmapped_step``) or anything else. One step: pick prompts by the data cursor, allocate
-and sample rollouts (``rlpost.rollouts.allocate``: plain, DAPO dynamic sampling or DARS), score
+and sample rollouts (the allocation rule, ``rlpost.rollouts.allocate``), score
 them (in JAX when the task has a JAX reward and the tokenizer is the character one; through one
 batched host callback otherwise), compute advantages with the recipe's chain (its state carried
 in ``RLState.adv_state`` and checkpointed), then the optimizer epochs (``rlpost.train.update``).
@@ -85,63 +89,95 @@ def prompt_indices(cursor, n_items: int, key, n: int) -> jax.Array:
   return jnp.where(pos // n == e0, p0[pos % n], p1[pos % n])
 
 
-class Trainer:
-  """Host-side setup of one run, its pure functions (``fns``) and jitted conveniences."""
+class StepSpec(NamedTuple):
+  """What a step needs besides its parts: its sizes (P prompts, G rollouts each, N new tokens),
+  sampling, and the update's epochs, mini-batches and memory options (``RLConfig`` keys of the
+  same names)."""
 
-  def __init__(self, cfg: RLConfig, *, log: Callable[[str], None] = print,
-               optimizer: optax.GradientTransformation | None = None, progress: bool = True):
-    """``optimizer`` replaces the configured one (global-norm clipping and AdamW; with LoRA
-    it sees the adapters alone); ``progress=False`` turns off the SFT warm start's progress
-    bar."""
-    self.cfg, self.log = cfg, log
-    self.lora = cfg.lora_config()
-    # The parameters the optimizer trains (a mask function), None for all of them.
-    self.trainable = lora.trainable_mask if self.lora else None
+  num_prompts: int
+  group_size: int
+  max_new_tokens: int
+  temperature: float = 1.0
+  top_p: float = 1.0
+  num_iterations: int = 1
+  num_minibatches: int = 1
+  grad_accum: int = 1
+  rollout_chunk: int = 0
+  logits_chunk: int = 0
+  remat: bool = False
+  pack_buckets: tuple = ()
+  pack_bin_rows: int = 2
+  log_confidence: bool = False
+
+  @classmethod
+  def of(cls, cfg: RLConfig, max_new_tokens: int) -> "StepSpec":
+    """The spec of config ``cfg`` with the run's completion length."""
+    return cls(**{f: getattr(cfg, f) for f in cls._fields if f != "max_new_tokens"},
+               max_new_tokens=max_new_tokens)
+
+
+def run_facts(policy, train: TaskArrays) -> dict:
+  """The run facts of ``policy`` on a train split: tokenizer, stop and pad ids, prompt length."""
+  return dict(tokenizer=policy.tokenizer, stop_ids=tuple(policy.stop_ids), pad_id=policy.pad_id,
+              prompt_length=int(train.prompt_tokens.shape[1]))
+
+
+class TaskData(NamedTuple):
+  """A task with its records (``{"train": [...], "test": [...]}``) and their arrays."""
+
+  task: task_base.Task
+  records: dict
+  train: TaskArrays
+  test: TaskArrays
+
+
+class Parts:
+  """Everything the pure functions of a run are made from (``make_train``'s arguments, and
+  what follows from them); no config, no setup."""
+
+  def __init__(self, policy, task: TaskData, recipe: obj.Recipe, allocation, optimizer,
+               mesh, spec: StepSpec):
+    self.policy, self.task, self.recipe, self.optimizer = policy, task, recipe, optimizer
+    self.mesh, self.spec = mesh, spec
+    rule, args = allocation
+    self.allocation = (rule, args)
+    self.graphdef, self.max_new_tokens = policy.graphdef, spec.max_new_tokens
+    # The parameters the optimizer trains (a mask function): the adapters when the policy has
+    # LoRA adapters, else None (all of them).
+    has_adapters = policy.params is not None and lora.count(policy.params)[1] > 0
+    self.trainable = lora.trainable_mask if has_adapters else None
     # Padding-free scoring buckets (rlpost.models.packing), None for the padded pass.
-    self.packing = (packing.Buckets(tuple(float(f) for f in cfg.pack_buckets),
-                                    cfg.pack_bin_rows) if cfg.pack_buckets else None)
-    s = setup.build(cfg, log, progress=progress)
-    self.task, self.rows = s.task, s.records
-    self.tok, self.stop_tokens, self.pad_id = s.policy.tokenizer, s.policy.stop_ids, s.policy.pad_id
-    self.model_cfg, self.graphdef = s.policy.model_cfg, s.policy.graphdef
-    self.max_new_tokens = s.max_new_tokens
-    self.mesh = sharding.make_mesh(fsdp=cfg.mesh_fsdp)
-    self.ref_params = sharding.shard_params(s.policy.params, self.mesh, mode=cfg.param_sharding)
-    self.policy = s.policy.replace(params=None)  # the parameters live in ref_params / states
-    self.train_data, self.test_data = s.train_data, s.test_data
-    self.jax_reward = self.task.jax_reward is not None and isinstance(self.tok, CharTokenizer)
-    self.score_host = task_base.host_scorer(self.task, self.rows, self.tok, self.stop_tokens)
-    self.recipe = build_recipe(cfg, self.max_new_tokens, **self.run_facts())
-    updates = cfg.steps * cfg.num_iterations * cfg.num_minibatches
-    self.optimizer = optimizer or optax.chain(
-        optax.clip_by_global_norm(cfg.grad_clip),
-        optax.adamw(learning_rate(lr=cfg.lr, schedule=cfg.lr_schedule,
-                                  warmup_steps=cfg.lr_warmup_steps, total_steps=updates),
-                    b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
+    self.packing = (packing.Buckets(tuple(float(f) for f in spec.pack_buckets),
+                                    spec.pack_bin_rows) if spec.pack_buckets else None)
     self.sampling_cfg = sampling.SamplingConfig(
-        max_new_tokens=self.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-        stop_tokens=self.stop_tokens, pad_id=self.pad_id)
-    self.fns = _make_fns(self)
-    self.evaluate = make_evaluate(
-        policy=self.policy, task=self.task, records=self.rows["test"], data=self.test_data,
-        sampling_cfg=self.sampling_cfg, eval_problems=cfg.eval_problems,
-        eval_samples=cfg.eval_samples, eval_batch=cfg.eval_batch,
-        reward=lambda t, m, i: self.reward(t, m, i, self.test_data, split_id=1))
-    self.num_traces = 0
+        max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, top_p=spec.top_p,
+        stop_tokens=policy.stop_ids, pad_id=policy.pad_id)
+    tok = policy.tokenizer
+    self.jax_reward = task.task.jax_reward is not None and isinstance(tok, CharTokenizer)
+    self.score_host = task_base.host_scorer(task.task, task.records, tok, policy.stop_ids)
     self.reported: tuple[str, ...] = ()  # the allocation's and the chain's metric names
-    self._jit_step = None
-    self._merge = None
+    plan = rule.plan(args, spec.num_prompts, spec.group_size)
+    n_dev = len(mesh.devices.flat)
+    per_update = spec.num_minibatches * spec.grad_accum * n_dev
+    if plan.rows % per_update:
+      raise ValueError(f"allocation {rule.name!r} gives {plan.rows} rows, which do not split "
+                       f"into {spec.num_minibatches} mini-batches x {spec.grad_accum} "
+                       f"micro-batches x {n_dev} devices")
+    c = spec.rollout_chunk
+    if c and (c % n_dev or any(n % c for n in plan.calls)):
+      raise ValueError(f"rollout_chunk {c} must divide every sampling call's rows "
+                       f"{list(plan.calls)} and be divisible by the {n_dev} devices")
 
   def run_facts(self) -> dict:
     """Facts of this run that recipes and allocation rules may take by name, beyond the
-    config's sizes (``rlpost.objectives.RecipeContext``)."""
-    return dict(tokenizer=self.tok, stop_ids=tuple(self.stop_tokens), pad_id=self.pad_id,
-                prompt_length=int(self.train_data.prompt_tokens.shape[1]))
+    sizes (``rlpost.objectives.RecipeContext``)."""
+    return run_facts(self.policy, self.task.train)
 
   def reward(self, tokens, mask, idx, data: TaskArrays, *, split_id: int = 0):
     """Rewards [B] float32 and correctness [B] bool of completions of prompts ``idx`` [B]."""
     if self.jax_reward:
-      return self.task.jax_reward(tokens, mask, data.answer[idx], data.answer_len[idx], self.tok)
+      return self.task.task.jax_reward(tokens, mask, data.answer[idx], data.answer_len[idx],
+                                       self.policy.tokenizer)
     return host_reward(lambda *a: self.score_host(*a), tokens, mask, idx, split_id=split_id)
 
   def rows_constraint(self, x):
@@ -150,9 +186,86 @@ class Trainer:
     return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(self.mesh, spec))
 
   def trainable_params(self, params):
+    """The part of ``params`` the optimizer trains and holds state for."""
+    return split_trainable(params, self.trainable)[0]
+
+
+class Trainer:
+  """Host-side setup of one run from its config: ``setup.build`` and the parts it gives
+  (``Parts``), the pure functions made from them (``fns``, ``make_train``'s) and jitted
+  conveniences."""
+
+  def __init__(self, cfg: RLConfig, *, log: Callable[[str], None] = print,
+               optimizer: optax.GradientTransformation | None = None, progress: bool = True):
+    """``optimizer`` replaces the configured one (global-norm clipping and AdamW; with LoRA
+    it sees the adapters alone); ``progress=False`` turns off the SFT warm start's progress
+    bar."""
+    self.cfg, self.log = cfg, log
+    self.lora = cfg.lora_config()
+    s = setup.build(cfg, log, progress=progress)
+    self.task, self.rows = s.task, s.records
+    self.tok, self.stop_tokens, self.pad_id = s.policy.tokenizer, s.policy.stop_ids, s.policy.pad_id
+    self.model_cfg, self.graphdef = s.policy.model_cfg, s.policy.graphdef
+    self.max_new_tokens = s.max_new_tokens
+    self.mesh = sharding.make_mesh(fsdp=cfg.mesh_fsdp)
+    self.ref_params = sharding.shard_params(s.policy.params, self.mesh, mode=cfg.param_sharding)
+    self.train_data, self.test_data = s.train_data, s.test_data
+    task_data = TaskData(s.task, s.records, s.train_data, s.test_data)
+    self.recipe = build_recipe(cfg, self.max_new_tokens, **run_facts(s.policy, s.train_data))
+    updates = cfg.steps * cfg.num_iterations * cfg.num_minibatches
+    self.optimizer = optimizer or optax.chain(
+        optax.clip_by_global_norm(cfg.grad_clip),
+        optax.adamw(learning_rate(lr=cfg.lr, schedule=cfg.lr_schedule,
+                                  warmup_steps=cfg.lr_warmup_steps, total_steps=updates),
+                    b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
+    self.parts = Parts(s.policy, task_data, self.recipe, cfg.allocation_rule(), self.optimizer,
+                       self.mesh, StepSpec.of(cfg, self.max_new_tokens))
+    self.policy = s.policy.replace(params=None)  # the parameters live in ref_params / states
+    self.trainable, self.packing = self.parts.trainable, self.parts.packing
+    self.jax_reward = self.parts.jax_reward
+    self.sampling_cfg = self.parts.sampling_cfg
+    self.fns = _make_fns(self.parts)
+    self.evaluate = make_evaluate(
+        policy=self.policy, task=self.task, records=self.rows["test"], data=self.test_data,
+        sampling_cfg=self.sampling_cfg, eval_problems=cfg.eval_problems,
+        eval_samples=cfg.eval_samples, eval_batch=cfg.eval_batch,
+        reward=lambda t, m, i: self.reward(t, m, i, self.test_data, split_id=1))
+    self.num_traces = 0
+    self._jit_step = None
+    self._merge = None
+
+  @property
+  def score_host(self) -> Callable:
+    """The host scorer of the parts (``task_base.host_scorer``); assigning one replaces it in
+    the rewards of functions traced after."""
+    return self.parts.score_host
+
+  @score_host.setter
+  def score_host(self, fn: Callable) -> None:
+    self.parts.score_host = fn
+
+  @property
+  def reported(self) -> tuple[str, ...]:
+    """The metric names the allocation rule and the advantage chain report (known once the
+    step has been traced)."""
+    return self.parts.reported
+
+  def run_facts(self) -> dict:
+    """Facts of this run that recipes and allocation rules may take by name."""
+    return self.parts.run_facts()
+
+  def reward(self, tokens, mask, idx, data: TaskArrays, *, split_id: int = 0):
+    """Rewards [B] float32 and correctness [B] bool of completions of prompts ``idx`` [B]."""
+    return self.parts.reward(tokens, mask, idx, data, split_id=split_id)
+
+  def rows_constraint(self, x):
+    """Constrain x's leading (rollout) dimension to be split over the mesh."""
+    return self.parts.rows_constraint(x)
+
+  def trainable_params(self, params):
     """The part of ``params`` the optimizer trains and holds state for (with LoRA the
     adapters, the rest None; else all of ``params``)."""
-    return split_trainable(params, self.trainable)[0]
+    return self.parts.trainable_params(params)
 
   def averaging_params(self, params):
     """What weight averages (``averaging``) are taken of: ``params``, or with LoRA the merged
@@ -200,10 +313,10 @@ class Trainer:
     return traced
 
 
-def _make_fns(tr: Trainer) -> TrainFns:
-  cfg, recipe, rows = tr.cfg, tr.recipe, tr.rows_constraint
+def _make_fns(tr: "Parts") -> TrainFns:
+  cfg, recipe, rows = tr.spec, tr.recipe, tr.rows_constraint
   p, g = cfg.num_prompts, cfg.group_size
-  rule, rule_args = cfg.allocation_rule()
+  rule, rule_args = tr.allocation
   facts = tr.run_facts()
   # log_confidence: the reference pass runs for the confidence diagnostics alone when the
   # recipe does not read ref_logp (the loss is unchanged: it reads only what it requires).
@@ -341,8 +454,8 @@ def _merge_metrics(**sources: dict) -> dict:
   return out
 
 
-def _policy_logp(tr: Trainer) -> Callable:
-  cfg = tr.cfg
+def _policy_logp(tr: "Parts") -> Callable:
+  cfg = tr.spec
 
   def fn(params, prompts, pmask, tokens, tmask, *, entropy: bool = False, num_bins=None):
     """logp [R, N] of completions under ``params`` and, with ``entropy``, the token entropy;
@@ -391,11 +504,38 @@ def _confidence_metrics(batch: RolloutBatch) -> dict:
                                                   jnp.sum(sp)))
 
 
-def make_train(config: RLConfig | dict, **kw) -> Trainer:
-  """Host-side setup of a run; see ``Trainer``."""
-  from rlpost.train.config import from_dict
+def make_train(config, task: TaskData | None = None, recipe: obj.Recipe | None = None,
+               allocation=("plain", {}), optimizer: optax.GradientTransformation | None = None,
+               mesh=None, *, spec: StepSpec | None = None, **kw):
+  """The pure functions of a run, from a config or from explicit parts.
 
-  cfg = config if isinstance(config, RLConfig) else from_dict(RLConfig, config)
-  if isinstance(config, RLConfig):
-    cfg.validate()
-  return Trainer(cfg, **kw)
+  * ``make_train(config, **kw) -> Trainer``: ``config`` an ``RLConfig`` or its dict; validated,
+    then ``Trainer`` does the setup (``setup.build``) and makes its parts (``trainer.parts``)
+    and functions (``trainer.fns``) with the call below. ``kw``: ``Trainer``'s (``log``,
+    ``optimizer``, ``progress``).
+  * ``make_train(policy, task, recipe, allocation, optimizer, mesh, spec=...) -> TrainFns``:
+    a ``Policy`` (its graph, tokenizer, stop and pad ids; parameters, if any, tell whether it
+    carries LoRA adapters), a ``TaskData``, a ``Recipe``, an allocation (a registered name, or
+    ``(name, args dict)``), an optax optimizer, a ``jax.sharding.Mesh`` (``sharding.make_mesh``)
+    and a ``StepSpec``. No config and no trainer: ``fns.init(params, seed)`` then
+    ``fns.step(state, task.train, ref_params)``.
+  """
+  if isinstance(config, (RLConfig, dict)):
+    from rlpost.train.config import from_dict
+
+    extra = [n for n, v in (("task", task), ("recipe", recipe), ("mesh", mesh), ("spec", spec))
+             if v is not None]
+    if extra:
+      raise TypeError(f"make_train(config, ...) takes no {extra}: the config makes them")
+    cfg = config if isinstance(config, RLConfig) else from_dict(RLConfig, config)
+    if isinstance(config, RLConfig):
+      cfg.validate()
+    return Trainer(cfg, optimizer=optimizer, **kw)
+  missing = [n for n, v in (("task", task), ("recipe", recipe), ("optimizer", optimizer),
+                            ("mesh", mesh), ("spec", spec)) if v is None]
+  if missing or kw:
+    raise TypeError(f"make_train(policy, ...) needs task, recipe, optimizer, mesh and spec "
+                    f"(missing {missing}; unexpected {sorted(kw)})")
+  name, args = (allocation, {}) if isinstance(allocation, str) else allocation
+  rule = allocate.get_allocation(name)
+  return _make_fns(Parts(config, task, recipe, (rule, rule.parse(args)), optimizer, mesh, spec))

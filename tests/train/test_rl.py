@@ -201,13 +201,13 @@ def test_averaged_weights_evaluated_and_resumed_exactly(dirs, tmp_path):
 
 def test_nonfinite_reward_names_the_rollout(dirs, tmp_path):
   tr = tiny(dirs)
-  real = tr.reward
+  real = tr.parts.reward
 
   def bad_reward(tokens, mask, idx, data, *, split_id=0):
     r, ok = real(tokens, mask, idx, data, split_id=split_id)
     return r.at[6].set(jnp.nan), ok
 
-  tr.reward = bad_reward
+  tr.parts.reward = bad_reward  # the reward the step's functions call
   g = tr.cfg.group_size
   with pytest.raises(FloatingPointError, match=rf"step 1: non-finite reward at rollout index 6 "
                      rf"\(train prompt \d+, group {6 // g} of the step\).*no checkpoint was "
