@@ -13,9 +13,12 @@ The placeholder checkpoint's directory name is the policy's name in ``POLICIES``
 the architecture of its published config.json, so a test can build a tiny random model of the
 same family (same flags, smaller widths) and run every configuration for a step.
 
-Data files: GSM8K as jsonl with ``question`` and ``answer`` ("... #### 72"); MATH-format data
-(MATH, MATH-500, or other sets converted to it) as json / jsonl records with ``problem`` and
-``answer`` or a ``solution`` holding a ``\\boxed{}`` answer, and an optional ``level``.
+Data files: ``scripts/prepare_data.py NAME SRC --out data/NAME`` converts each paper's set from
+its published files (GSM8K, MATH, MATH-500, AIME, DAPO-Math-17K, the DARS sets, any verl-style
+parquet; ``rlpost.tasks.convert``) into the project's record format, ``data/NAME/<split>.jsonl``
+with a manifest beside it: the paths the configurations name. The tasks also read GSM8K's own
+jsonl (``question``, ``answer`` "... #### 72") and MATH-format json / jsonl records (``problem``
+and ``answer`` or a ``solution`` holding a ``\\boxed{}`` answer, an optional ``level``).
 """
 
 from __future__ import annotations

@@ -21,10 +21,12 @@ reference policy's log-probs although the KL coefficient is 0). Qwen3-8B-Base an
 Llama-3.1-8B-Instruct are not covered (rlpost loads Qwen2 and Llama checkpoints, but their
 settings are not stated); neither are the paper's GRPO arms (settings not stated).
 
-Data: DAPO-Math-17K converted to MATH-format jsonl records (``problem``, ``answer``), MATH-500 as
-the test file (or AIME 2025, converted the same way, for the second benchmark). Evaluation:
-pass@k for k = 1..32 from 32 samples per problem at temperature 1.0 (the paper's k range and
-sample count are not stated in the abstract).
+Data: ``python scripts/prepare_data.py dapo_math_17k dapo-math-17k.parquet --out
+data/dapo_math_17k`` (DAPO's instruction around each problem removed, the published file's
+repeated problems dropped; the manifest counts them) and ``prepare_data.py math500 test.jsonl
+--out data/math500`` for the test file (or ``prepare_data.py aime`` for AIME 2025, the second
+benchmark). Evaluation: pass@k for k = 1..32 from 32 samples per problem at temperature 1.0
+(the paper's k range and sample count are not stated in the abstract).
 
 Deviations: answers are checked by ``rlpost.tasks.math_data`` (boxed answer, else the last
 number) instead of verl's DAPO reward; the prompt is Qwen2.5-Math's chain-of-thought chat prompt
@@ -36,7 +38,7 @@ Command (one arm per run):
 
     python scripts/train.py experiments/ace/full.py:ace-dapo-0.5 \\
         policy=/path/to/Qwen2.5-Math-7B \\
-        task_spec='{"train": "/path/to/dapo-math-17k.jsonl", "test": "/path/to/math500.jsonl"}' \\
+        task_spec='{"train": "data/dapo_math_17k/train.jsonl", "test": "data/math500/test.jsonl"}' \\
         mesh_fsdp=8 run_dir=runs/ace-dapo-0.5
 
 Hardware: accelerators; verl's recipe is written for 8 nodes x 8 GPUs with sequence parallelism,

@@ -26,8 +26,10 @@ constant learning rate, gradient clip 1.0 (the fork's defaults).
   mini-batch = full batch, 2 epochs (exactly 2 optimizer updates per step), lr 5e-6, 86 steps.
 
 Data: the paper trains on its OpenR1-derived set and evaluates on its ``capacity_val`` set (the
-DARS-Dataset ``openr1.parquet`` / ``capacity_val.parquet``); convert them to MATH-format jsonl
-records (``problem`` and ``answer``) and pass them in ``task_spec``. Evaluation as the breadth
+DARS-Dataset ``openr1.parquet`` / ``capacity_val.parquet``, verl's layout):
+``python scripts/prepare_data.py dars openr1.parquet capacity_val.parquet --out data/dars``
+writes ``data/dars/train.jsonl`` and ``data/dars/test.jsonl`` (the system prompt of each row is
+kept in its record, not used). Evaluation as the breadth
 scripts: 128 samples per problem at temperature 1.0 (pass@1..128).
 
 Deviations: answers are checked by ``rlpost.tasks.math_data`` (boxed answer equivalence) instead
@@ -42,7 +44,7 @@ Command (one arm per run):
 
     python scripts/train.py experiments/dars/full.py:dars-b-et \\
         policy=/path/to/Qwen2.5-Math-1.5B \\
-        task_spec='{"train": "/path/to/openr1.jsonl", "test": "/path/to/capacity_val.jsonl"}' \\
+        task_spec='{"train": "data/dars/train.jsonl", "test": "data/dars/test.jsonl"}' \\
         mesh_fsdp=8 run_dir=runs/dars-b-et
 
 Table: ``python scripts/reproduce.py dars --full --runs runs/`` judges the finished run
@@ -80,7 +82,7 @@ def _base() -> dict:
   return dict(
       full_size.common(),
       task="math", policy=full_size.policy_path("Qwen2.5-Math-1.5B"),
-      task_spec={"train": "data/dars/openr1.jsonl", "test": "data/dars/capacity_val.jsonl"},
+      task_spec={"train": "data/dars/train.jsonl", "test": "data/dars/test.jsonl"},
       num_train=10 ** 6, num_test=10 ** 6,  # every record of the files
       prompt_template=math_data.QWEN_MATH_TEMPLATE,
       max_prompt_tokens=1024, max_new_tokens=3072,

@@ -25,6 +25,11 @@ grows: MATH 64 / G, GSM8K 128 / G; MC-GRPO samples one extra rollout per prompt 
   evaluation on the GSM8K test set (1,319). lr 2e-6, completions <= 1,024 tokens, the GSM8K
   recipe's system prompt; otherwise as MATH.
 
+Data: ``python scripts/prepare_data.py math MATH/ --out data/math`` (the MATH release's
+``train/<subject>/<n>.json`` tree), ``prepare_data.py math500 MATH-500/test.jsonl --out
+data/math500`` and ``prepare_data.py gsm8k gsm8k/main --out data/gsm8k`` (openai/gsm8k's
+parquet files or the original jsonl): the paths below.
+
 Deviations from the official code: answers are checked by ``rlpost.tasks.math_data`` (last
 ``\\boxed{}``, else ``####``, else the last number) instead of math_verify and the ``<answer>``
 tag; the GSM8K recipe's format reward (weight 1.0) is not implemented, so rewards are 0/1; TRL

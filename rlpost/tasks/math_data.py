@@ -136,12 +136,20 @@ def _need_text(rec, key: str, path: str, i: int, alternative: str | None = None)
 
 
 def load_gsm8k(path: str) -> list[dict]:
-  """{prompt, answer, solution, difficulty} rows from a GSM8K jsonl file.
+  """{prompt, answer, solution, difficulty} rows from a GSM8K jsonl file, in GSM8K's own layout
+  (``question``, ``answer`` ending "#### 72") or the project's record format
+  (``rlpost.tasks.convert``: ``problem``, ``answer``, ``solution``, ``level``).
 
   Difficulty is the number of reasoning lines before ``####`` (a standard proxy).
   """
   rows = []
   for i, rec in enumerate(_read_json_records(path)):
+    if isinstance(rec, dict) and "problem" in rec:
+      _need_text(rec, "problem", path, i)
+      _need_text(rec, "answer", path, i)
+      rows.append({"prompt": rec["problem"], "answer": rec["answer"],
+                   "solution": rec.get("solution", ""), "difficulty": int(rec.get("level", 0))})
+      continue
     for key in ("question", "answer"):
       _need_text(rec, key, path, i)
     final = extract_gsm8k_answer(rec["answer"])
@@ -158,14 +166,15 @@ def load_gsm8k(path: str) -> list[dict]:
 def load_math(paths: str | Iterable[str]) -> list[dict]:
   """{prompt, answer, solution, difficulty, subject} rows from MATH json files or a directory.
 
-  A record needs ``problem`` and either ``answer`` (as in MATH-500) or a ``solution`` with a
-  ``\\boxed{}`` answer (as in MATH). Difficulty is the number in ``level`` (1-5), else 0.
+  A record needs ``problem`` and either ``answer`` (as in MATH-500 and the project's record
+  format, ``rlpost.tasks.convert``) or a ``solution`` with a ``\\boxed{}`` answer (as in MATH).
+  Difficulty is the number in ``level`` (1-5), else 0.
   """
   source = paths
   if isinstance(paths, str):
     if os.path.isdir(paths):
       paths = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(paths) for f in fs
-                     if f.endswith((".json", ".jsonl")))
+                     if f.endswith((".json", ".jsonl")) and not f.endswith(".manifest.json"))
     else:
       paths = [paths]
   rows = []
