@@ -53,6 +53,9 @@ def common() -> dict:
   """A fresh dict of these shared settings."""
   return dict(
       sft_steps=0,
+      # Answers checked as the papers' trainers check them: math-verify, called as verl's math
+      # reward calls it (rlpost.tasks.answer_check).
+      answer_check="math_verify",
       # Memory (values unchanged): blockwise attention (on GPUs "cudnn" is the fast choice of
       # the same memory class) and layers stored stacked, which the remat scan reads in place.
       model=dict(dtype="bfloat16", param_dtype="float32", attention="blockwise",

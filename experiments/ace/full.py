@@ -28,10 +28,11 @@ repeated problems dropped; the manifest counts them) and ``prepare_data.py math5
 benchmark). Evaluation: pass@k for k = 1..32 from 32 samples per problem at temperature 1.0
 (the paper's k range and sample count are not stated in the abstract).
 
-Deviations: answers are checked by ``rlpost.tasks.math_data`` (boxed answer, else the last
-number) instead of verl's DAPO reward; the prompt is Qwen2.5-Math's chain-of-thought chat prompt
-(DAPO-Math-17K ships its own instruction inside each prompt, which a conversion may keep in
-``problem``); verl's scheduler advances once per rollout batch, here once per optimizer update,
+Deviations: answers are checked by math-verify as verl's math reward calls it
+(``answer_check=math_verify``, ``rlpost.tasks.answer_check``) instead of verl's DAPO reward (which
+reads the "Answer:" line DAPO's instruction asks for); the prompt is Qwen2.5-Math's
+chain-of-thought chat prompt (``prepare_data.py dapo_math_17k`` removes DAPO's own instruction
+from each problem); verl's scheduler advances once per rollout batch, here once per optimizer update,
 so its 10 warmup steps become 160 updates.
 
 Command (one arm per run):

@@ -32,8 +32,10 @@ writes ``data/dars/train.jsonl`` and ``data/dars/test.jsonl`` (the system prompt
 kept in its record, not used). Evaluation as the breadth
 scripts: 128 samples per problem at temperature 1.0 (pass@1..128).
 
-Deviations: answers are checked by ``rlpost.tasks.math_data`` (boxed answer equivalence) instead
-of the fork's reward; the official stage 2 samples whatever extra rollouts the schedule asks for,
+Deviations: answers are checked by math-verify as verl's math reward calls it
+(``answer_check=math_verify``, ``rlpost.tasks.answer_check``); the fork's reward calls
+math-verify with its default extraction and the reference wrapped in ``$...$`` rather than
+``\\boxed{}``; the official stage 2 samples whatever extra rollouts the schedule asks for,
 while here stage 2 has a static budget of P x N rows per step (on average one more N per prompt,
 as in the CPU table; ``budget=0`` gives the never-truncating P x (n_max - N)); the prompt is
 Qwen2.5-Math's chain-of-thought chat prompt (the fork's own template, ``data.use_template``, is

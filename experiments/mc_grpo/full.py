@@ -30,9 +30,11 @@ Data: ``python scripts/prepare_data.py math MATH/ --out data/math`` (the MATH re
 data/math500`` and ``prepare_data.py gsm8k gsm8k/main --out data/gsm8k`` (openai/gsm8k's
 parquet files or the original jsonl): the paths below.
 
-Deviations from the official code: answers are checked by ``rlpost.tasks.math_data`` (last
-``\\boxed{}``, else ``####``, else the last number) instead of math_verify and the ``<answer>``
-tag; the GSM8K recipe's format reward (weight 1.0) is not implemented, so rewards are 0/1; TRL
+Deviations from the official code: answers are checked by math-verify as verl's math reward
+calls it (``answer_check=math_verify``, ``rlpost.tasks.answer_check``), while the official MATH
+trainer calls it in open-r1's way (the reference parsed from the solution, the completion as
+LaTeX with boxed answers first, reward 2 when right) and the GSM8K trainer compares the
+``<answer>`` tag's text (2.0 exact, 1.5 numerically equal); the GSM8K recipe's format reward (weight 1.0) is not implemented, so rewards are 0/1; TRL
 truncates prompts longer than 512 tokens from the left, here they are dropped (logged); the
 number of evaluation samples is not the official one (see ``EVAL``).
 

@@ -83,6 +83,12 @@ class Task(abc.ABC):
   def score(self, completion: str, finished: bool, record: dict) -> float:
     """The reward of a decoded completion (``finished``: a stop token was emitted)."""
 
+  def score_batch(self, completions: Sequence[str], finished: Sequence[bool],
+                  records: Sequence[dict]) -> Sequence[float]:
+    """The rewards of a batch of decoded completions, one ``score`` each unless a task scores
+    a batch at once (e.g. in worker processes); the host callback calls this."""
+    return [self.score(c, f, r) for c, f, r in zip(completions, finished, records)]
+
   def final_answer(self, completion: str) -> str | None:
     """The answer a completion votes for in maj@k (None: no answer)."""
     return completion.split(",")[-1] or None
@@ -162,16 +168,15 @@ def task_arrays(records: Sequence[dict], prompt_ids: Sequence[Sequence[int]], *,
 def host_scorer(task: Task, records: dict[str, list[dict]], tok: Tokenizer,
                 stop_ids: Sequence[int]) -> Callable:
   """``fn(tokens [B, N], mask [B, N], idx [B], split_id) -> [B] float32`` scoring decoded
-  completions of prompts ``idx`` of split ``SPLITS[split_id]`` with ``task.score``."""
+  completions of prompts ``idx`` of split ``SPLITS[split_id]`` with ``task.score_batch``."""
   stop = np.asarray(list(stop_ids))
 
   def fn(tokens: np.ndarray, mask: np.ndarray, idx: np.ndarray, split: int) -> np.ndarray:
     rows = records[SPLITS[split]]
-    out = np.zeros(len(idx), np.float32)
-    for b, (t, m, i) in enumerate(zip(tokens, mask, idx)):
-      finished = bool(np.any(np.isin(t, stop) & m))
-      out[b] = task.score(tok.decode(t[m]), finished, rows[int(i)])
-    return out
+    texts = [tok.decode(t[m]) for t, m in zip(tokens, mask)]
+    finished = [bool(np.any(np.isin(t, stop) & m)) for t, m in zip(tokens, mask)]
+    scores = task.score_batch(texts, finished, [rows[int(i)] for i in idx])
+    return np.asarray(scores, np.float32).reshape(len(idx))
 
   return fn
 

@@ -286,7 +286,8 @@ def load_task(task: str, spec: dict) -> dict[str, list[dict]]:
 
 class _FileTask(base.Task):
   """A real-text math task read from local files (``task_spec = {"train": path, "test":
-  path}``), prompts formatted with ``prompt_template``, scored by answer equivalence."""
+  path}``), prompts formatted with ``prompt_template``, scored by answer equivalence under the
+  config's ``answer_check`` (``rlpost.tasks.answer_check``: the parser or math-verify)."""
 
   character_alphabet = False
   prompt_template = True
@@ -304,6 +305,11 @@ class _FileTask(base.Task):
         kind = "a file path or a list of them" if cls.name == "math" else "a file path"
         raise ValueError(f"config key 'task_spec': field {split!r} must be {kind}, got "
                          f"{paths!r}")
+    from rlpost.tasks import answer_check
+
+    why = answer_check.available(cfg.answer_check)
+    if why:
+      raise ValueError(f"config key 'answer_check': {why}")
     if "{question}" not in cfg.prompt_template:
       raise ValueError("config key 'prompt_template': must contain '{question}' (got "
                        f"{cfg.prompt_template!r})")
@@ -320,7 +326,13 @@ class _FileTask(base.Task):
     return data
 
   def score(self, completion: str, finished: bool, record: dict) -> float:
-    return score_math(completion, record["answer"])
+    return self.score_batch([completion], [finished], [record])[0]
+
+  def score_batch(self, completions, finished, records):
+    from rlpost.tasks import answer_check
+
+    return answer_check.check(self.cfg.answer_check, completions,
+                              [r["answer"] for r in records])
 
   def final_answer(self, completion: str):
     return canonical_answer(extract_answer(completion))

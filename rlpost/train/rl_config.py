@@ -22,7 +22,7 @@ from rlpost.models import lora
 from rlpost.models import transformer as tfm
 from rlpost.rollouts import allocate
 from rlpost.tasks import base as task_base
-from rlpost.tasks import builders, math_data
+from rlpost.tasks import answer_check, builders, math_data
 from rlpost.train import config as config_lib
 from rlpost.train import tracking
 from rlpost.train.config import key
@@ -63,6 +63,8 @@ class RLConfig:
   prompt_template: str = key(math_data.QWEN_MATH_TEMPLATE, group="task",
       help="file tasks: the prompt, with {question} replaced; @FILE on the command line reads it "
            "from a file")
+  answer_check: str = key("parser", group="task",
+      help="file tasks: 'parser' (boxed / #### / last number) or 'math_verify' (as verl)")
   # prompts longer than this many tokens are dropped (logged); 0 keeps every prompt
   max_prompt_tokens: int = key(0, group="task",
       help="prompts longer than this many tokens are dropped (0: keep all)")
@@ -248,6 +250,10 @@ class RLConfig:
     tasks = list(task_base.list_tasks())
     need(self.task in tasks, "task", f"must be one of {tasks}")
     task = task_base.get_task(self.task)
+    need(self.answer_check in answer_check.CHECKERS, "answer_check",
+         f"must be one of {list(answer_check.CHECKERS)}")
+    need(self.answer_check == "parser" or self.task in math_data.FILE_TASKS, "answer_check",
+         f"only the file tasks {list(math_data.FILE_TASKS)} check answers as text")
     if not task.character_alphabet:
       need(bool(self.policy), "task", "needs a Hugging Face policy (config key 'policy'): real "
            "text is outside the character tokenizer's alphabet")
