@@ -171,6 +171,13 @@ class Sizes:
   bases: tuple = ("dapo", "dr_grpo")  # MC-GRPO over other bases, at G=small_g, graded reward
   base: dict = dataclasses.field(default_factory=dict)
   setting: str = ""  # the testbed in words when it is not the CPU one (full-size runs)
+  # The primary table's reward: "graded", or "binary" for runs trained on a two-valued reward
+  # (a full-size MATH table), whose claims are then the 0/1 family's.
+  primary_reward: str = "graded"
+
+
+def primary_family(sz: Sizes) -> str:
+  return "mc_grpo_01" if sz.primary_reward == "binary" else "mc_grpo"
 
 
 def sizes(quick: bool) -> Sizes:
@@ -262,9 +269,12 @@ def claims(sz: Sizes, prefix: str = "") -> list[harness.Claim]:
 
   ``prefix`` ``BINARY``: the same claims about the secondary table's arms (0/1 reward), ids
   ending in "_01", family "mc_grpo_01"; ``summarize`` judges them as their own gate and family.
+  A design whose primary table is on a two-valued reward (``primary_reward`` "binary") gets
+  the "_01" ids and family for its primary arms too.
   """
   g0, g1 = sz.small_g, sz.large_g
-  tag, fam = ("_01", "mc_grpo_01") if prefix else ("", "mc_grpo")
+  binary = bool(prefix) or sz.primary_reward == "binary"
+  tag, fam = ("_01", "mc_grpo_01") if binary else ("", "mc_grpo")
   a = lambda name: prefix + name  # noqa: E731
   return [
       harness.Claim("grpo_learns_large_g" + tag, f"GRPO at G={g1} gains over the SFT start",
@@ -416,14 +426,18 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   cfg = runs[f"G{sz.small_g}-median"]["config"]
   big = runs[f"G{sz.large_g}-mean"]["config"]
   seeds = {n: len(runs[n]["seeds"]) for n in arm_names(sz)}
+  # Every run matched its arm's config, graded_reward included, and a dataset's arms share it.
+  sz = dataclasses.replace(sz, primary_reward="graded" if cfg.get("graded_reward") else "binary")
+  reward = "graded" if sz.primary_reward == "graded" else "0/1"
   sz = dataclasses.replace(
       sz, seeds=min(seeds.values()), steps=cfg["steps"], eval_every=cfg["eval_every"],
       eval_problems=cfg["eval_problems"], eval_samples=cfg["eval_samples"],
       setting=f"full size, {prefix[:-1]} (experiments/mc_grpo/full.py: {cfg['task']}, "
               f"{cfg['num_prompts']} prompts per step at G={sz.small_g}, "
               f"{big['num_prompts']} prompts x {big['steps']} steps at G={sz.large_g}, lr "
-              f"{cfg['lr']:g}" + ("" if len(set(seeds.values())) == 1 else
-                                  f"; seeds per arm {seeds}, the header gives the fewest")
+              f"{cfg['lr']:g}, {reward} reward (claim family {primary_family(sz)})"
+              + ("" if len(set(seeds.values())) == 1 else
+                 f"; seeds per arm {seeds}, the header gives the fewest")
               + ")")
   return dataclasses.asdict(sz), {"arms": {n: runs[n] for n in arm_names(sz)}}
 
@@ -544,7 +558,8 @@ def _setting(sz: Sizes) -> str:
 def render(report: dict) -> str:
   s, flips, sz = report["summary"], _flips(report), _sizes(report["config"])
   g0, g1 = sz.small_g, sz.large_g
-  mdes = [c["mde"] for c in s["claims"] if c["claim"]["family"] == "mc_grpo"]
+  fam = primary_family(sz)
+  mdes = [c["mde"] for c in s["claims"] if c["claim"]["family"] == fam]
   lines = [
       "# MC-GRPO at full size" if report.get("full") else "# MC-GRPO at CPU scale", "",
       f"`{report['command']}`: {harness.seeds_note(sz, s['seeds_from_power'])}, {sz.steps} RL steps, {_setting(sz)}. Primary metric: test "
@@ -563,7 +578,8 @@ def render(report: dict) -> str:
               f"({s['binary']['start_pass@1']:.3f}).", ""]
   lines += ["| reward | arm | pass@1 (last-3 mean) | gain over SFT | final evaluation | "
             "minutes |", "| --- | --- | --- | --- | --- | --- |"]
-  tables = [("graded", "", s)] + ([("0/1", BINARY, s["binary"])] if s.get("binary") else [])
+  label = "0/1" if sz.primary_reward == "binary" else "graded"
+  tables = [(label, "", s)] + ([("0/1", BINARY, s["binary"])] if s.get("binary") else [])
   for reward, prefix, t in tables:
     for name, (g, bl) in arm_names(sz, prefix).items():
       lines.append(f"| {reward} | G={g}, {LABELS[bl]} | {harness.fmt(t['cells'][name])} | "
@@ -605,7 +621,7 @@ def render(report: dict) -> str:
                  f"{flips[kind][bl][g]['correct']:.3f}" for g in (g0, g1)]
         lines.append(f"| {kind} | {LABELS[bl]} | " + " | ".join(cells) + " |")
   gate = [c for c in s["claims"] if c["claim"]["family"] == "testbed"]
-  paper = [c for c in s["claims"] if c["claim"]["family"] == "mc_grpo"]
+  paper = [c for c in s["claims"] if c["claim"]["family"] == fam]
   lines += ["", "## Paper claims", "",
             "The testbed gate (one Holm family: GRPO's gains over the SFT start, one-sample t "
             "against it) must pass before the variant claims are read:", "",

@@ -23,18 +23,27 @@ grows: MATH 64 / G, GSM8K 128 / G; MC-GRPO samples one extra rollout per prompt 
   prompt in Qwen's chat format; reward = answer correctness only.
 * ``gsm8k-G{g}-{baseline}``: Qwen2.5-1.5B-Instruct; GSM8K's 7,473 training problems, one epoch;
   evaluation on the GSM8K test set (1,319). lr 2e-6, completions <= 1,024 tokens, the GSM8K
-  recipe's system prompt; otherwise as MATH.
+  recipe's system prompt; reward = the GSM8K recipe's ``accuracy`` + ``format`` (weights 1.0):
+  2.0 when the ``<answer>`` tag's text equals the reference, 1.5 when its one number does,
+  plus 1.0 for any ``\\boxed{}`` (``graded_reward=true``,
+  ``rlpost.tasks.math_data.mc_grpo_gsm8k_reward``; a completion counts as correct from 1.5);
+  otherwise as MATH.
+
+The MATH reward takes two values (0 or 2) and the GSM8K reward six, so ``reproduce.py mc_grpo
+--full`` judges MATH runs in the 0/1 reward's claim family (``mc_grpo_01``) and GSM8K runs in
+the graded one (``mc_grpo``), as the CPU table's two tables: a baseline can flip an advantage's
+sign only under a graded reward.
 
 Data: ``python scripts/prepare_data.py math MATH/ --out data/math`` (the MATH release's
 ``train/<subject>/<n>.json`` tree), ``prepare_data.py math500 MATH-500/test.jsonl --out
 data/math500`` and ``prepare_data.py gsm8k gsm8k/main --out data/gsm8k`` (openai/gsm8k's
 parquet files or the original jsonl): the paths below.
 
-Deviations from the official code: answers are checked by math-verify as verl's math reward
-calls it (``answer_check=math_verify``, ``rlpost.tasks.answer_check``), while the official MATH
-trainer calls it in open-r1's way (the reference parsed from the solution, the completion as
-LaTeX with boxed answers first, reward 2 when right) and the GSM8K trainer compares the
-``<answer>`` tag's text (2.0 exact, 1.5 numerically equal); the GSM8K recipe's format reward (weight 1.0) is not implemented, so rewards are 0/1; TRL
+Deviations from the official code: MATH answers are checked by math-verify as verl's math
+reward calls it (``answer_check=math_verify``, ``rlpost.tasks.answer_check``), while the
+official MATH trainer calls it in open-r1's way (the reference parsed from the solution, the
+completion as LaTeX with boxed answers first) and rewards 2 rather than 1 for a right answer
+(the same advantages up to the scale's epsilon: every baseline here divides by a scale); TRL
 truncates prompts longer than 512 tokens from the left, here they are dropped (logged); the
 number of evaluation samples is not the official one (see ``EVAL``).
 
@@ -105,6 +114,7 @@ DATASETS = {
         num_train=7473, num_test=1319, eval_problems=1319,
         prompt_template=full_size.chat_template(_GSM8K_SYSTEM),
         max_prompt_tokens=512, max_new_tokens=1024, lr=2e-6,
+        graded_reward=True,  # the recipe's accuracy + format reward (mc_grpo_gsm8k_reward)
         completions_per_step=64 * 2),  # per_device_train_batch_size x 2 processes
 }
 

@@ -14,8 +14,9 @@ A task scores completions in one of two ways:
 * optionally in JAX, for the character tokenizer only: ``answer_arrays`` encodes each record's
   answer once, and ``jax_reward(tokens, mask, answer, answer_len, tok)`` scores on device.
 
-A reward >= 1 counts as correct. Adding a task is one file with a ``Task`` subclass and a
-``register_task`` call, plus its test; see README "Extending rlpost".
+A reward >= ``task.correct_at`` (1 unless the task says otherwise) counts as correct. Adding a
+task is one file with a ``Task`` subclass and a ``register_task`` call, plus its test; see README
+"Extending rlpost".
 
 Shape legend: N records of a split, Tp prompt buffer, A answer buffer, B rows, T tokens.
 """
@@ -66,6 +67,11 @@ class Task(abc.ABC):
   character_alphabet: bool = True
   prompt_template: bool = False
   has_graded_reward: bool = False
+
+  @property
+  def correct_at(self) -> float:
+    """The reward from which a completion counts as correct (accuracy, pass@k)."""
+    return 1.0
 
   def __init__(self, cfg: Any):
     """``cfg`` is the run's RLConfig; a task reads its own keys (``task_spec``, sizes...)."""
@@ -181,11 +187,11 @@ def host_scorer(task: Task, records: dict[str, list[dict]], tok: Tokenizer,
   return fn
 
 
-def host_reward(fn, tokens, mask, idx, *, split_id: int):
+def host_reward(fn, tokens, mask, idx, *, split_id: int, correct_at: float = 1.0):
   """Score completions on the host through one batched callback (the only host boundary).
 
   fn(tokens [B, N] np.int32, mask [B, N] np.bool_, idx [B] np.int32, split) -> [B] float32.
-  Returns (rewards [B] float32, correct [B] bool = reward >= 1).
+  Returns (rewards [B] float32, correct [B] bool = reward >= correct_at).
   """
   shape = jax.ShapeDtypeStruct(idx.shape, jnp.float32)
 
@@ -204,7 +210,7 @@ def host_reward(fn, tokens, mask, idx, *, split_id: int):
     return r
 
   r = jax.pure_callback(checked, shape, tokens, mask, idx, vmap_method="sequential")
-  return r, r >= 1.0
+  return r, r >= correct_at
 
 
 def check_spec(task: str, spec_class: type, spec: Any) -> None:

@@ -230,6 +230,47 @@ def score_math(completion: str, reference: str) -> float:
   return float(is_equivalent(extract_answer(completion), reference))
 
 
+def answer_tag(text: str) -> str | None:
+  """The text of the last ``<answer>...</answer>``, commas removed; None without a closed tag
+  or for the placeholder "..." (MC-GRPO's GSM8K trainer, ``extract_answer_from_model_output``)."""
+  parts = text.split("<answer>")
+  if len(parts) < 2 or "</answer>" not in parts[-1]:
+    return None
+  ans = parts[-1].split("</answer>")[0].strip().replace(",", "")
+  return None if ans == "..." else ans
+
+
+def _single_number(text: str) -> float | None:
+  nums = re.findall(r"-?\d*\.?\d+", text)
+  return float(nums[0]) if len(nums) == 1 else None
+
+
+def mc_grpo_gsm8k_reward(completion: str, reference: str) -> float:
+  """MC-GRPO's GSM8K reward (lotusroot-kim/MC-GRPO ``rewards_gsm.py``; the recipe's reward
+  functions ``accuracy`` and ``format``, weights 1.0 each), in [0, 3]:
+
+  * accuracy: 2.0 when the ``<answer>`` tag's text equals the reference (the text after "####",
+    commas removed), else 1.5 when each holds exactly one number and the two are equal, else 0;
+  * format: 1.0 when the completion holds a ``\\boxed{...}`` anywhere.
+
+  A completion counts as correct when its accuracy part is non-zero, i.e. the reward >= 1.5.
+  """
+  got, want = answer_tag(completion), reference.strip().replace(",", "")
+  if got == want:
+    acc = 2.0
+  else:
+    g, w = _single_number(str(got)), _single_number(want)
+    acc = 1.5 if g is not None and w is not None and g == w else 0.0
+  return acc + (1.0 if re.search(r"\\boxed\{[^}]+\}", completion) else 0.0)
+
+
+def gsm8k_reference(record: dict) -> str:
+  """The reference MC-GRPO's GSM8K trainer compares with: the text after the solution's "####"
+  (``extract_answer_from_dataset``), else the record's answer."""
+  sol = record.get("solution") or ""
+  return sol.split("####")[1].strip() if "####" in sol else record["answer"]
+
+
 # --------------------------------------------------------------------------------------------
 # Tasks for the RL trainer
 # --------------------------------------------------------------------------------------------
@@ -343,7 +384,21 @@ class _FileTask(base.Task):
 
 @base.register_task
 class GSM8KTask(_FileTask):
+  """GSM8K; ``graded_reward=true`` trains on MC-GRPO's GSM8K reward (``mc_grpo_gsm8k_reward``:
+  the ``<answer>`` tag's accuracy, 2 or 1.5, plus 1 for a boxed answer; correct from 1.5)
+  instead of 1 for an answer ``answer_check`` accepts."""
+
   name = "gsm8k"
+  has_graded_reward = True
+
+  @property
+  def correct_at(self) -> float:
+    return 1.5 if self.cfg.graded_reward else 1.0
+
+  def score_batch(self, completions, finished, records):
+    if not self.cfg.graded_reward:
+      return super().score_batch(completions, finished, records)
+    return [mc_grpo_gsm8k_reward(c, gsm8k_reference(r)) for c, r in zip(completions, records)]
 
 
 @base.register_task

@@ -178,7 +178,8 @@ class Parts:
     if self.jax_reward:
       return self.task.task.jax_reward(tokens, mask, data.answer[idx], data.answer_len[idx],
                                        self.policy.tokenizer)
-    return host_reward(lambda *a: self.score_host(*a), tokens, mask, idx, split_id=split_id)
+    return host_reward(lambda *a: self.score_host(*a), tokens, mask, idx, split_id=split_id,
+                       correct_at=self.task.task.correct_at)
 
   def rows_constraint(self, x):
     """Constrain x's leading (rollout) dimension to be split over the mesh."""

@@ -42,18 +42,18 @@ MC_EFFECT = {"G8-mean": 0.06, "G2-mean": 0.02, "G2-median": 0.05, "G2-mean_drop"
              "G2-mean_random": 0.02}
 
 
-def mc_runs(root, seeds=3, arms=MC_EFFECT):
+def mc_runs(root, seeds=3, arms=MC_EFFECT, dataset="math", **overrides):
   rng = np.random.default_rng(0)
   planted = {}
   for arm, effect in arms.items():
-    cfg = mc_full.FULL[f"math-{arm}"]
+    cfg = dict(mc_full.FULL[f"{dataset}-{arm}"], **overrides.get(arm, {}))
     planted[arm] = []
     for s in range(seeds):
       vals = {0: 0.30, 0.25: 0.30 + effect / 2}
       last = [0.30 + effect + 0.004 * rng.standard_normal() for _ in range(3)]
       vals.update({f: v for f, v in zip((0.5, 0.75, 1.0), last)})
       # the run's own weights and data paths: run-local, they do not change its arm
-      write_run(root, f"math-{arm}", cfg, s, {k: {"pass@1": v} for k, v in vals.items()},
+      write_run(root, f"{dataset}-{arm}", cfg, s, {k: {"pass@1": v} for k, v in vals.items()},
                 policy=f"/models/{s}", task_spec={"train": "a.jsonl", "test": "b.jsonl"})
       planted[arm].append(np.mean(last))
   return planted
@@ -75,15 +75,39 @@ def test_mc_grpo_full_runs_give_the_table(tmp_path):
   for arm, vals in planted.items():
     assert s["cells"][arm]["mean"] == pytest.approx(np.mean(vals))
   assert s["rates"] is None and "median_fewer_sign_flips" not in s["verdicts"]
+  # MATH trains on a two-valued reward: its claims are the 0/1 family's.
   claims = {c["claim"]["id"]: c for c in s["claims"]}
+  assert {c["claim"]["family"] for c in s["claims"]} == {"testbed", "mc_grpo_01"}
   want = np.mean(planted["G2-median"]) - np.mean(planted["G2-mean"])
-  assert claims["median_beats_mean_small_g"]["diff"] == pytest.approx(want)
-  assert s["verdicts"]["median_beats_mean_small_g"] == "reproduced"  # +0.03 at SD 0.0025
+  assert claims["median_beats_mean_small_g_01"]["diff"] == pytest.approx(want)
+  assert s["verdicts"]["median_beats_mean_small_g_01"] == "reproduced"  # +0.03 at SD 0.0025
   assert s["base_learned"]
   table = (out / "table.md").read_text()
   assert table.startswith("# MC-GRPO at full size") and "not recorded" in table
-  assert "full size, math" in table and os.path.getsize(out / "learning_curves.png") > 0
+  assert "full size, math" in table and "0/1 reward (claim family mc_grpo_01)" in table
+  assert "| 0/1 | G=2, " in table and "| graded |" not in table
+  assert os.path.getsize(out / "learning_curves.png") > 0
   assert not (out / "sign_flips.png").exists()
+
+
+def test_mc_grpo_full_gsm8k_is_judged_as_graded_and_mixed_rewards_are_refused(tmp_path, capsys):
+  """GSM8K trains on the graded reward: its claims are the graded family's. A run on another
+  reward matches no arm, so one table never pools two rewards."""
+  runs, out = tmp_path / "runs", tmp_path / "out"
+  assert mc_full.FULL["gsm8k-G2-median"]["graded_reward"]
+  mc_runs(str(runs), dataset="gsm8k")
+  reproduce.main(["mc_grpo", "--full", "--runs", str(runs), "--prefix", "gsm8k-",
+                  "--out", str(out)])
+  s = json.loads((out / "results.json").read_text())["summary"]
+  assert {c["claim"]["family"] for c in s["claims"]} == {"testbed", "mc_grpo"}
+  assert s["verdicts"]["median_beats_mean_small_g"] == "reproduced"
+  mixed = tmp_path / "mixed"
+  mc_runs(str(mixed), dataset="gsm8k", **{"G2-mean": {"graded_reward": False}})
+  with pytest.raises(SystemExit) as e:
+    reproduce.main(["mc_grpo", "--full", "--runs", str(mixed), "--prefix", "gsm8k-",
+                    "--out", str(tmp_path / "o2")])
+  assert e.value.code == 2
+  assert "gsm8k-G2-mean-s0: its config matches no arm" in capsys.readouterr().err
 
 
 def test_full_runs_bad_input_is_one_line_and_exit_2(tmp_path, capsys):

@@ -81,3 +81,49 @@ def test_load_task_specs_and_records(tmp_path):
   empty.mkdir()
   with pytest.raises(ValueError, match="no MATH records found in .*empty"):
     math_data.load_math(str(empty))
+
+
+GSM_CASES = [  # (completion, reference text after "####", MC-GRPO's GSM8K reward)
+    ("so <answer> 1,250 </answer>", "1,250", 2.0),  # the tag's text equals, commas removed
+    ("<answer> 1250 </answer> \\boxed{1250}", "1250", 3.0),  # plus the format reward
+    ("<answer>$1250</answer>", "1250", 1.5),  # one number each, numerically equal
+    ("<answer>1250.0</answer>", "1250", 1.5),
+    ("<answer>1250 or 12</answer>", "1250", 0.0),  # two numbers: no partial credit
+    ("the answer is \\boxed{1250}", "1250", 1.0),  # no tag: the format part only
+    ("<answer>...</answer>", "...", 0.0),  # the prompt's placeholder never matches
+    ("<answer>1250", "1250", 0.0),  # an unclosed tag
+    ("<answer>7</answer> later <answer>1250</answer>", "1250", 2.0),  # the last tag
+]
+
+
+def test_mc_grpo_gsm8k_reward_hand_values():
+  got = [math_data.mc_grpo_gsm8k_reward(c, r) for c, r, _ in GSM_CASES]
+  assert got == [w for _, _, w in GSM_CASES]
+  assert math_data.gsm8k_reference({"solution": "a\n#### 1,250", "answer": "1250"}) == "1,250"
+  assert math_data.gsm8k_reference({"answer": "12"}) == "12"
+
+
+def test_gsm8k_graded_reward_and_where_correct_starts():
+  import types
+
+  import jax.numpy as jnp
+  import numpy as np
+
+  from rlpost.tasks import base
+
+  recs = [{"answer": "1250", "solution": "x\n#### 1,250"}] * len(GSM_CASES)
+  graded = math_data.GSM8KTask(types.SimpleNamespace(graded_reward=True, answer_check="parser"))
+  plain = math_data.GSM8KTask(types.SimpleNamespace(graded_reward=False, answer_check="parser"))
+  comps = [c for c, _, _ in GSM_CASES]
+  rewards = graded.score_batch(comps, [True] * len(comps), recs)
+  assert list(rewards) == [2.0, 3.0, 1.5, 1.5, 0.0, 1.0, 0.0, 0.0, 2.0]
+  assert graded.correct_at == 1.5 and plain.correct_at == 1.0
+  # Without graded_reward the answer checker decides 0/1: the boxed-only completion is right.
+  assert plain.score_batch(comps[5:6], [True], recs[:1]) == [1.0]
+  # host_reward's correct flag starts at the task's correct_at: a format-only 1.0 is wrong.
+  fn = lambda tokens, mask, idx, split: np.asarray(rewards, np.float32)  # noqa: E731
+  z = jnp.zeros((len(comps), 2), jnp.int32)
+  r, ok = base.host_reward(fn, z, z > 0, jnp.arange(len(comps)), split_id=0,
+                           correct_at=graded.correct_at)
+  assert list(np.asarray(ok)) == [True, True, True, True, False, False, False, False, True]
+  assert np.allclose(r, rewards)
