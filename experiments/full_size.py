@@ -74,6 +74,25 @@ def common() -> dict:
   )
 
 
+# The power plan of every full-size table (experiments/STATISTICS.md step 5): the seeds per arm
+# that give each claim's smallest effect of interest 80% power at alpha 0.05 for this seed SD of
+# the primary metric. No full-size run exists to measure it, so it is stated, not measured:
+# evaluation noise alone is about 0.007 for MATH-500 pass@1 from 4 samples per problem
+# (sqrt(0.1 / (500 x 4)), p(1 - p) ~ 0.1 per problem), and training seeds add to it. Replace
+# it with the SD of a pilot's seeds when there is one; ``reproduce.py NAME --full`` refuses
+# fewer seeds than the plan asks for unless --allow-underpowered is given.
+SEED_SD = 0.01
+SEED_SD_SOURCE = ("stated, not measured: experiments/full_size.py SEED_SD, evaluation noise of "
+                  "~0.007 plus training seeds")
+FULL_MIN_SEEDS = 2
+
+
+def power_fields() -> dict:
+  """The Sizes fields of a full-size table's power plan: the stated SD, its source and the
+  floor of seeds per arm (two: an interval needs a spread)."""
+  return dict(pilot_sd=SEED_SD, sd_source=SEED_SD_SOURCE, min_seeds=FULL_MIN_SEEDS)
+
+
 # Devices a full-size run is planned for (one node), training rows per device per micro-batch,
 # and rollout rows per device per sampling chunk.
 DEVICES = 8
@@ -114,7 +133,7 @@ def with_memory_plan(cfg: dict, *, devices: int = DEVICES,
                            if mb % a == 0 and (mb // a) % devices == 0)
   calls = plan.calls
   chunk = devices * rollout_rows_per_device
-  out["rollout_chunk"] = chunk if all(c % chunk == 0 and c > chunk for c in calls) else 0
+  out["rollout_chunk"] = chunk if all(c % chunk == 0 for c in calls) and max(calls) > chunk else 0
   return out
 
 

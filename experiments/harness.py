@@ -502,9 +502,23 @@ def protocol_note(verdicts: Sequence[Verdict | dict], level: float = 0.95) -> st
 
 def seeds_note(sz, from_power: int) -> str:
   """The table header's seed sentence for a design ``sz`` with ``seeds``, ``pilot_sd``,
-  ``min_effect`` and ``min_seeds``: the seeds run and the count the power analysis asked for."""
-  return (f"{sz.seeds} seeds per arm ({from_power} from power: pilot SD {sz.pilot_sd}, minimum "
-          f"effect {sz.min_effect}, 80% power, alpha 0.05; floor {sz.min_seeds})")
+  ``min_effect`` and ``min_seeds`` (and ``sd_source`` when the SD is not the CPU pilot's): the
+  seeds run and the count the power analysis asked for, and a warning when fewer ran."""
+  source = getattr(sz, "sd_source", "")
+  sd = f"SD {sz.pilot_sd} ({source})" if source else f"pilot SD {sz.pilot_sd}"
+  short = (f"; UNDERPOWERED: {sz.seeds} < {from_power} seeds, judged under "
+           "--allow-underpowered" if sz.seeds < from_power else "")
+  return (f"{sz.seeds} seeds per arm ({from_power} from power: {sd}, minimum "
+          f"effect {sz.min_effect}, 80% power, alpha 0.05; floor {sz.min_seeds}{short})")
+
+
+def power_plan(config: Mapping) -> int:
+  """Seeds per arm a design's power plan asks for (its ``pilot_sd``, ``min_effect`` and
+  ``min_seeds``): the SESOI found with 80% power at alpha 0.05, two-sided."""
+  from rlpost.eval import stats
+
+  return max(int(config["min_seeds"]),
+             stats.seeds_needed(float(config["pilot_sd"]), float(config["min_effect"])))
 
 
 def wall_time(report: Mapping) -> str:
@@ -1174,7 +1188,8 @@ class RunsError(ValueError):
 def read_run(run_dir: str) -> dict:
   """One ``scripts/train.py`` run directory: its ``config.json`` and ``metrics.jsonl``.
 
-  Returns {"dir", "config", "evals": [{"step", metric: value}] (the ``eval/`` rows, in step
+  Returns {"dir", "config", "identity" (``identity.json``, ``rlpost.train.identity``; None for
+  a run older than identities), "evals": [{"step", metric: value}] (the ``eval/`` rows, in step
   order), "train": {metric: [value per step]} (the ``train/`` rows)}.
   """
   try:
@@ -1195,7 +1210,13 @@ def read_run(run_dir: str) -> dict:
         evals.setdefault(step, {"step": step})[k[5:]] = v
       elif k.startswith("train/"):
         train.setdefault(k[6:], {})[step] = v
-  return {"dir": run_dir, "config": config,
+  from rlpost.train import identity
+
+  try:
+    ident = identity.read(run_dir)
+  except ValueError as e:
+    raise RunsError(str(e)) from None
+  return {"dir": run_dir, "config": config, "identity": ident,
           "evals": [evals[s] for s in sorted(evals)],
           "train": {k: [v[s] for s in sorted(v)] for k, v in train.items()}}
 
@@ -1241,7 +1262,8 @@ def collect_runs(runs_dir: str, arms: Mapping[str, dict], *, select=None,
   "seconds", "runs"}} (the layout of ``experiments.rl_seeds.run_arm``). Raises ``RunsError``
   naming the directory for a run of no arm, a seed run twice, an unfinished run (its last
   evaluation is not at its last step) or an arm whose seeds disagree on their evaluation steps,
-  and naming the arm for one with fewer than ``min_seeds`` seeds.
+  naming the arm for one with fewer than ``min_seeds`` seeds, and naming the key for runs of
+  other weights, data or dtypes (``check_identities``).
   """
   by_sig: dict[str, str] = {}
   for name, c in arms.items():
@@ -1271,6 +1293,8 @@ def collect_runs(runs_dir: str, arms: Mapping[str, dict], *, select=None,
     if seed in found.setdefault(name, {}):
       raise RunsError(f"{d}: arm {name} seed {seed} is also in {found[name][seed]['dir']}")
     found[name][seed] = run
+  check_identities([r for by_seed in found.values() for r in by_seed.values()],
+                   {r["dir"]: n for n, by_seed in found.items() for r in by_seed.values()})
   out = {}
   for name, by_seed in found.items():
     seeds = sorted(by_seed)
@@ -1293,6 +1317,35 @@ def collect_runs(runs_dir: str, arms: Mapping[str, dict], *, select=None,
   return out
 
 
+def check_identities(runs: Sequence[dict], arm_of: Mapping[str, str]) -> None:
+  """Every run of a table started from the same weights, read the same data and used the same
+  dtypes (``rlpost.train.identity``: digests of what the paths held, since the paths are
+  run-local). A run without ``identity.json`` (older than identities) gets the identity of the
+  files its config names, when this machine has them. Raises ``RunsError`` naming the key and
+  two runs that differ, or a run whose identity cannot be known."""
+  from rlpost.train import identity
+
+  known = []
+  for r in runs:
+    ident = r.get("identity")
+    if ident is None:
+      try:
+        ident = identity.of_config(r["config"])
+      except OSError as e:
+        raise RunsError(f"{r['dir']}: no {identity.FILE} (a run older than run identities), and "
+                        f"its files are not here to digest ({e}); rerun it, or copy its policy "
+                        "and data to the paths its config.json names") from None
+    known.append((r["dir"], ident))
+  first_dir, first = known[0] if known else (None, None)
+  for d, ident in known[1:]:
+    for key in identity.differences(first, ident):
+      raise RunsError(
+          f"runs differ in '{key}': {first_dir} (arm {arm_of.get(first_dir)}) has "
+          f"{identity.describe(first, key)}, {d} (arm {arm_of.get(d)}) has "
+          f"{identity.describe(ident, key)}; a table pools runs of one policy, one data set and "
+          "one dtype")
+
+
 def _find(root: str, filename: str) -> list[str]:
   hits = []
   for d, _, files in os.walk(root):
@@ -1301,13 +1354,26 @@ def _find(root: str, filename: str) -> list[str]:
   return hits
 
 
-def run_full(exp: Experiment, runs_dir: str, out_dir: str, *, prefix: str = "") -> dict:
+def run_full(exp: Experiment, runs_dir: str, out_dir: str, *, prefix: str = "",
+             allow_underpowered: bool = False, log: Callable[[str], None] = print) -> dict:
   """Judge full-size runs with the CPU table's code: ``exp.full(runs_dir, prefix)`` returns a
   report (config, data) in the CPU layout, which is summarized, rendered and written to
-  ``out_dir`` like a CPU run."""
+  ``out_dir`` like a CPU run. Fewer seeds in an arm than the power plan asks for
+  (``power_plan``: the stated SD of ``experiments/full_size.py``) raise ``RunsError`` unless
+  ``allow_underpowered``, which ``log``s the shortfall and marks the table's header."""
   if exp.full is None:
     raise RunsError(f"{exp.name}: no full-size aggregation (its Experiment has no 'full')")
   config, data = exp.full(runs_dir, prefix)
+  need = power_plan(config)
+  if config["seeds"] < need:
+    short = (f"{exp.name} --full: {config['seeds']} seed(s) in the arm with the fewest; the power "
+             f"plan asks for {need} per arm (SD {config['pilot_sd']}: "
+             f"{config.get('sd_source') or 'pilot'}; smallest effect of interest "
+             f"{config['min_effect']}, 80% power, alpha 0.05)")
+    if not allow_underpowered:
+      raise RunsError(short + "; run the missing seeds (scripts/launch.py) or pass "
+                      "--allow-underpowered")
+    log(f"UNDERPOWERED (--allow-underpowered): {short}")
   report = {"experiment": exp.name, "command": f"python scripts/reproduce.py {exp.name} --full "
             f"--runs {runs_dir}" + (f" --prefix {prefix}" if prefix else ""),
             "config": config, "machine": machine(), "seconds": 0.0, "unit_seconds": None,

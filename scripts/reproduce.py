@@ -64,6 +64,9 @@ def main(argv=None):
                                  "(one per arm x seed, any depth)")
   ap.add_argument("--prefix", default="",
                   help="with --full: only the full.py arms whose names start with this")
+  ap.add_argument("--allow-underpowered", action="store_true",
+                  help="with --full: judge arms with fewer seeds than the power plan asks for "
+                       "(printed, and marked in the table's header)")
   ap.add_argument("--replicate", action="store_true",
                   help="rerun the table's main arms from its pinned start with fresh seeds and "
                        "compare, claim by claim, with the committed results in --out "
@@ -112,6 +115,8 @@ def _main(ap, args):
     for path, changed in docsync.sync_all(exp).items():
       print(f"{os.path.relpath(path, ROOT)}: {'updated' if changed else 'up to date'}")
     return None
+  if args.allow_underpowered and not args.full:
+    ap.error("--allow-underpowered applies to --full only (a CPU table runs its planned seeds)")
   if args.full:
     if not args.runs:
       ap.error("--full needs --runs DIR (the full-size run directories)")
@@ -119,7 +124,8 @@ def _main(ap, args):
       ap.error(f"--runs {args.runs}: not a directory")
     out = args.out or os.path.join("results", args.experiment + "_full")
     try:
-      return harness.run_full(exp, args.runs, out, prefix=args.prefix)
+      return harness.run_full(exp, args.runs, out, prefix=args.prefix,
+                              allow_underpowered=args.allow_underpowered)
     except harness.RunsError as e:
       ap.error(str(e))
   default_out = args.out is None

@@ -111,6 +111,7 @@ class Sizes:
   base_arm: str = "grpo"
   main_name: str = ""
   setting: str = ""
+  sd_source: str = ""  # where pilot_sd comes from when not the CPU pilot (full-size runs)
 
 
 def sizes(quick: bool) -> Sizes:
@@ -402,6 +403,7 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   config and data: the DAPO arm in GRPO's place, ``ace-dapo-0.5`` as the main arm, the other
   alphas exploratory."""
   full_size = importlib.import_module("experiments.ace.full")
+  from experiments.full_size import power_fields
 
   runs = harness.collect_runs(runs_dir, full_size.FULL,
                               select={n for n in full_size.FULL if n.startswith(prefix)})
@@ -419,6 +421,7 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
              eval_every=cfg["eval_every"], group_size=cfg["group_size"],
              main_alpha=full_size.MAIN_ALPHA, eval_problems=cfg["eval_problems"],
              eval_samples=cfg["eval_samples"], base_arm="dapo", main_name=main,
+             **power_fields(),
              setting=f"full size (experiments/ace/full.py: {cfg['task']}, "
                      f"{cfg['num_prompts']} prompts per step, lr {cfg['lr']:g}, DAPO base)")
   order = ["dapo", main] + sorted(n for n in runs if n not in ("dapo", main))

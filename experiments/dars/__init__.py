@@ -122,6 +122,7 @@ class Sizes:
   min_seeds: int = 8
   base: dict = dataclasses.field(default_factory=dict)
   setting: str = ""  # the testbed in words when it is not the CPU one (full-size runs)
+  sd_source: str = ""  # where pilot_sd comes from when not the CPU pilot (full-size runs)
 
 
 def sizes(quick: bool) -> Sizes:
@@ -296,7 +297,8 @@ def summarize(report: dict) -> dict:
     tr = arm["train"]
     if "dars_rescued" in tr:
       s["stage2"][name] = {key: float(np.mean(tr[key])) for key in (
-          "dars_all_wrong_stage1", "dars_rescued", "dars_extra_rollouts", "dars_budget_used")
+          "dars_all_wrong_stage1", "dars_rescued", "dars_extra_rollouts", "dars_budget_used",
+          "dars_truncated_fraction")
           if key in tr}
   s["interaction"] = {k: interaction({"dars-b": values[k]["dars-b"],
                                       "grpo-b": values[k]["grpo-b"],
@@ -371,14 +373,22 @@ def render(report: dict) -> str:
             "0 is what orthogonal (additive) dimensions give.", "",
             "## Stage 2 (mean per step)", "",
             "| arm | stage-1 all-wrong prompts | rescued (>= 1 correct in stage 2) | stage-2 rows "
-            "used | share of the static budget used |", "| --- | --- | --- | --- | --- |"]
+            "used | share of the budget used | share of the demand truncated |",
+            "| --- | --- | --- | --- | --- | --- |"]
+  nan = float("nan")
   for n, r in s["stage2"].items():
     lines.append(f"| {n} | {r['dars_all_wrong_stage1']:.2f} | {r['dars_rescued']:.2f} | "
-                 f"{r['dars_extra_rollouts']:.1f} | {r.get('dars_budget_used', float('nan')):.3f} |")
+                 f"{r['dars_extra_rollouts']:.1f} | {r.get('dars_budget_used', nan):.3f} | "
+                 f"{r.get('dars_truncated_fraction', nan):.3f} |")
   stored = [rl.RLConfig.upgrade(dict(r["config"])) for r in report["data"]["arms"].values()]
-  budgets = {c["allocation_args"].get("budget", 0) for c in stored
-             if c.get("allocation") in ("dars", "dars_b")}
-  lines += ["", (f"The static budget is P (n_max - N) rows, the schedule's largest demand, so no "
+  dars_args = [c["allocation_args"] for c in stored if c.get("allocation") in ("dars", "dars_b")]
+  budgets = {a.get("budget", 0) for a in dars_args}
+  chunks = {a.get("chunk", 0) for a in dars_args}
+  lines += ["", ("Stage 2 is sampled in calls of " + "/".join(map(str, sorted(chunks)))
+                 + " rows, as many as the step's demand needs, up to P (n_max - N) rows, the "
+                 "schedule's largest demand, so no prompt's stage-2 rollouts are truncated; "
+                 "the budget is that largest demand." if 0 not in chunks else
+                 "The static budget is P (n_max - N) rows, the schedule's largest demand, so no "
                  "prompt's stage-2 rollouts are ever truncated; the rows it does not need are "
                  "sampled and left out of the update." if budgets <= {0} else
                  "The static stage-2 budget of these runs is below the schedule's largest "
@@ -470,6 +480,7 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   equal-treatment arms in the CPU arms' places (``FULL_ARMS``); the cumulative-advantage curve
   and the digit bucket are CPU-only."""
   full_size = importlib.import_module("experiments.dars.full")
+  from experiments.full_size import power_fields
 
   if prefix:
     raise harness.RunsError(f"dars --full: the table has one set of arms, no --prefix (got "
@@ -479,15 +490,15 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   if missing:
     raise harness.RunsError(f"dars --full: no runs under {runs_dir} for arm(s) "
                             f"{', '.join(missing)}")
-  # n_max names the naive-N arm: full.py's stage-2 budget of P x N rows makes dars-et sample
-  # the rollouts of N = 16 (its schedule's n_max, 32, caps one prompt's rollouts)
+  # n_max names the naive-N arm (grpo-n16); dars-et's own n_max, 32, caps one prompt's
+  # merged group
   base, wide = runs["grpo-n8"]["config"], runs["dars-b-et"]["config"]
   seeds = {n: len(runs[n]["seeds"]) for n in FULL_ARMS}
   sz = Sizes(seeds=min(seeds.values()), steps=base["steps"], num_prompts=base["num_prompts"],
              n=base["group_size"], n_max=runs["grpo-n16"]["config"]["group_size"],
              breadth=max(1, wide["num_prompts"] // base["num_prompts"]),
              eval_every=base["eval_every"], eval_problems=base["eval_problems"],
-             eval_samples=base["eval_samples"],
+             eval_samples=base["eval_samples"], **power_fields(),
              setting=f"full size (experiments/dars/full.py: {base['task']}, {base['steps']} "
                      f"steps of {base['num_prompts']} prompts, breadth arms {wide['steps']} "
                      f"steps of {wide['num_prompts']}; lr {base['lr']:g} / {wide['lr']:g}"

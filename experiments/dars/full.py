@@ -19,7 +19,8 @@ constant learning rate, gradient clip 1.0 (the fork's defaults).
 * ``grpo-n16``: the naive larger N of the CPU table (N = 16, otherwise ``grpo-n8``; not an
   official script).
 * ``dars-et`` / ``dars-hw``: DARS with the equal-treatment (n_max 32) / hardness-weighted
-  (n_max 64) schedule, 128 prompts, mini-batches of 64 prompts, 2 epochs, lr 1e-6.
+  (n_max 64) schedule, 128 prompts, mini-batches of 64 prompts, 1 epoch (the official DARS
+  script makes 2; see Deviations), lr 1e-6.
 * ``grpo-breadth``: breadth without DARS (3,072 prompts, full-batch updates, 2 epochs, lr 5e-6,
   86 steps; the DARS-B scripts without the schedule).
 * ``dars-b-et`` / ``dars-b-hw``: DARS-B, the breadth scripts: 3,072 prompts x 8 per step,
@@ -35,9 +36,14 @@ scripts: 128 samples per problem at temperature 1.0 (pass@1..128).
 Deviations: answers are checked by math-verify as verl's math reward calls it
 (``answer_check=math_verify``, ``rlpost.tasks.answer_check``); the fork's reward calls
 math-verify with its default extraction and the reference wrapped in ``$...$`` rather than
-``\\boxed{}``; the official stage 2 samples whatever extra rollouts the schedule asks for,
-while here stage 2 has a static budget of P x N rows per step (on average one more N per prompt,
-as in the CPU table; ``budget=0`` gives the never-truncating P x (n_max - N)); the prompt is
+``\\boxed{}``; stage 2 samples what the schedule asks for, as the official code does, in
+calls of ``STAGE2_CHUNK`` rows (as many as the step's demand needs, up to the schedule's
+largest demand P x (n_max - N), so it never truncates: ``dars_truncated_fraction`` is logged
+and is 0; the update skips the rows of calls not made), and the step's rows are split into
+the configured number of mini-batches rather than mini-batches of a fixed size; the standard
+DARS arms run 1 epoch per step like ``grpo-n8`` (the official DARS script runs 2, so its
+comparison with the baseline mixes the allocation with a second pass over the batch; the
+breadth arms all run DARS-B's 2, as the breadth scripts do); the prompt is
 Qwen2.5-Math's chain-of-thought chat prompt (the fork's own template, ``data.use_template``, is
 not reproduced); the standard arms' step count is not stated in the paper's scripts (see
 ``STANDARD_STEPS``).
@@ -49,9 +55,15 @@ Command (one arm per run):
         task_spec='{"train": "data/dars/train.jsonl", "test": "data/dars/test.jsonl"}' \\
         mesh_fsdp=8 run_dir=runs/dars-b-et
 
-Table: ``python scripts/reproduce.py dars --full --runs runs/`` judges the finished run
-directories (grpo-n8, grpo-n16, dars-et, grpo-breadth, dars-b-et; >= 2 seeds each, set by
-``seed=``) with the CPU table's code, intervals and rules.
+or every arm x seed: ``python scripts/launch.py dars --seeds K --runs runs/dars policy=...
+task_spec=... mesh_fsdp=8`` (``--dry-run`` prints the commands, ``--slurm TEMPLATE`` writes
+an array job; finished runs are skipped).
+
+Table: ``python scripts/reproduce.py dars --full --runs runs/dars`` judges the finished run
+directories (grpo-n8, grpo-n16, dars-et, grpo-breadth, dars-b-et) with the CPU table's code,
+intervals and rules; it refuses runs of other weights, data or dtypes, and fewer seeds per arm
+than the power plan (``experiments/full_size.py``: 6 at the stated SD 0.01 and this table's
+smallest effect of interest, 0.02) unless ``--allow-underpowered``.
 
 Hardware: accelerators; the official runs used one node of 8 GPUs (80 GB class) with vLLM
 rollouts, FSDP and gradient checkpointing. Planned here for that node (``mesh_fsdp=8``): rollouts
@@ -105,20 +117,24 @@ def _breadth(**kw) -> dict:
               lr=5e-6, steps=BREADTH_STEPS, eval_every=14, **kw)  # test_freq 14
 
 
-def _dars(schedule: str, prompts: int, rule: str = "dars") -> dict:
+# Stage-2 rows per sampling call: the memory plan's rollout chunk (8 devices x 64 rows).
+STAGE2_CHUNK = 512
+
+
+def _dars(schedule: str, rule: str = "dars") -> dict:
   n_max = {"et": 32, "hw": 64}[schedule]
   return dict(allocation=rule, allocation_args=dict(schedule=schedule, n_max=n_max,
-                                                     budget=prompts * N))
+                                                     chunk=STAGE2_CHUNK))
 
 
 FULL = {
     "grpo-n8": _standard(num_iterations=1),
     "grpo-n16": dict(_standard(num_iterations=1), group_size=2 * N),
-    "dars-et": _standard(num_iterations=2, **_dars("et", STANDARD_PROMPTS)),
-    "dars-hw": _standard(num_iterations=2, **_dars("hw", STANDARD_PROMPTS)),
+    "dars-et": _standard(num_iterations=1, **_dars("et")),
+    "dars-hw": _standard(num_iterations=1, **_dars("hw")),
     "grpo-breadth": _breadth(),
-    "dars-b-et": _breadth(**_dars("et", BREADTH_PROMPTS, "dars_b")),
-    "dars-b-hw": _breadth(**_dars("hw", BREADTH_PROMPTS, "dars_b")),
+    "dars-b-et": _breadth(**_dars("et", "dars_b")),
+    "dars-b-hw": _breadth(**_dars("hw", "dars_b")),
 }
 FULL = {k: full_size.with_memory_plan(v) for k, v in FULL.items()}
 CONFIG = FULL["dars-b-et"]

@@ -171,6 +171,7 @@ class Sizes:
   bases: tuple = ("dapo", "dr_grpo")  # MC-GRPO over other bases, at G=small_g, graded reward
   base: dict = dataclasses.field(default_factory=dict)
   setting: str = ""  # the testbed in words when it is not the CPU one (full-size runs)
+  sd_source: str = ""  # where pilot_sd comes from when not the CPU pilot (full-size runs)
   # The primary table's reward: "graded", or "binary" for runs trained on a two-valued reward
   # (a full-size MATH table), whose claims are then the 0/1 family's.
   primary_reward: str = "graded"
@@ -411,6 +412,7 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   """Full-size runs of ``experiments/mc_grpo/full.py`` (one dataset: ``prefix`` "math-" or
   "gsm8k-") as this table's config and data; the sign-flip analysis is CPU-only."""
   full_size = importlib.import_module("experiments.mc_grpo.full")
+  from experiments.full_size import power_fields
 
   if prefix not in ("math-", "gsm8k-"):
     raise harness.RunsError(f"mc_grpo --full: --prefix must be 'math-' or 'gsm8k-' (one "
@@ -430,7 +432,8 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   sz = dataclasses.replace(sz, primary_reward="graded" if cfg.get("graded_reward") else "binary")
   reward = "graded" if sz.primary_reward == "graded" else "0/1"
   sz = dataclasses.replace(
-      sz, seeds=min(seeds.values()), steps=cfg["steps"], eval_every=cfg["eval_every"],
+      sz, **power_fields(), seeds=min(seeds.values()), steps=cfg["steps"],
+      eval_every=cfg["eval_every"],
       eval_problems=cfg["eval_problems"], eval_samples=cfg["eval_samples"],
       setting=f"full size, {prefix[:-1]} (experiments/mc_grpo/full.py: {cfg['task']}, "
               f"{cfg['num_prompts']} prompts per step at G={sz.small_g}, "

@@ -13,9 +13,12 @@ Rules (shape legend: P prompts per step, G group size, R rows):
 * ``dynamic_sampling`` (DAPO): P * k groups sampled, the first P with mixed outcomes kept in
   sampling order (0 < #correct < G); if fewer than P are mixed, the remaining groups are filled
   with unmixed ones and marked invalid. R = P * G; consumes P * k prompts.
-* ``dars``: P * G stage-1 rows, then a fixed budget of stage-2 rows assigned to prompts by the
-  schedule (``rlpost.rollouts.dars.extra_rollouts``) and merged into their groups; merged groups
-  whose accuracy is 0 or 1 are invalid. R = P * G + budget.
+* ``dars``: P * G stage-1 rows, then stage-2 rows assigned to prompts by the schedule
+  (``rlpost.rollouts.dars.extra_rollouts``) and merged into their groups; merged groups whose
+  accuracy is 0 or 1 are invalid. Stage 2 is either one call of a fixed ``budget`` of rows
+  (R = P * G + budget; demand past it is truncated) or, with ``chunk`` C, up to
+  K = ceil(P * (n_max - G) / C) calls of C rows of which only the ceil(demand / C) the schedule
+  needs run (R = P * G + K * C; never truncates; the rows of chunks not run are not ``live``).
 * ``dars_b`` (DARS-B): the same rule in a breadth run; it refuses mini-batches (the paper's
   full-batch epochs).
 
@@ -71,13 +74,16 @@ class Rollouts(NamedTuple):
 class Allocation(NamedTuple):
   """rollouts (R rows), group_id [R] int32 in [0, P), valid [R] bool, consumed (prompts of the
   stream used: a Python int, an int32 [] array when returned from ``jit``), metrics (dict of
-  [] arrays)."""
+  [] arrays), and ``live``: None when every row was sampled, else [R] bool, False on the rows
+  of a rule whose row count is dynamic that were not sampled (never valid). The update orders
+  live rows first and skips the micro-batches without a valid row (``make_update``)."""
 
   rollouts: Rollouts
   group_id: jax.Array
   valid: jax.Array
   consumed: int
   metrics: dict
+  live: jax.Array | None = None
 
 
 Sample = Callable[[jax.Array, jax.Array], Rollouts]
@@ -119,27 +125,63 @@ def dynamic_sampling(sample: Sample, prompts: Prompts, key: jax.Array, *, num_pr
   return Allocation(ro, group, valid, p * k, metrics)
 
 
-def dars(sample: Sample, prompts: Prompts, key: jax.Array, *, num_prompts: int, group_size: int,
-         n_max: int, schedule: str, budget: int) -> Allocation:
-  """DARS: stage-1 groups of G, then ``budget`` stage-2 rows by ``schedule`` ("et" or "hw").
+def _stage2_chunks(sample: Sample, idx: jax.Array, key: jax.Array, chunk: int,
+                   needed: jax.Array, constrain: Callable) -> Rollouts:
+  """``sample`` over idx [K * chunk] in K calls of ``chunk`` rows, of which only the first
+  ``needed`` ([] int32) run; the rows of the others are zeros (mask False)."""
+  k = idx.shape[0] // chunk
+  shapes = jax.eval_shape(sample, idx[:chunk], key)
+  rows_of = lambda tree: jax.tree.map(  # noqa: E731
+      lambda x: constrain(x) if x.ndim >= 1 else x, tree)  # both branches split alike
 
-  Stage-2 rows go to prompts in order, each taking its schedule's extra rollouts until the
-  budget runs out (rows past the need are invalid). Metrics: dars_demand (the stage-2 rows
-  the schedule asks for), dars_truncated (those past the budget), dars_extra_rollouts,
-  dars_budget_used, dars_all_wrong_stage1, dars_rescued (all-wrong prompts with a right
-  stage-2 rollout), kept_groups (share of merged groups that are mixed).
+  def one(i, sub_key):
+    rows = jax.lax.dynamic_slice_in_dim(idx, i * chunk, chunk)
+    return jax.lax.cond(
+        i < needed, lambda: rows_of(sample(constrain(rows), sub_key)),
+        lambda: rows_of(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)))
+
+  out = jax.lax.map(lambda a: one(*a), (jnp.arange(k), jax.random.split(key, k)))
+  return jax.tree.map(lambda x: constrain(x.reshape(k * chunk, *x.shape[2:])) if x.ndim >= 2
+                      else jnp.max(x), out)  # per-call scalars (num_steps): the longest
+
+
+def dars(sample: Sample, prompts: Prompts, key: jax.Array, *, num_prompts: int, group_size: int,
+         n_max: int, schedule: str, budget: int, chunk: int = 0,
+         constrain: Callable = lambda x: x) -> Allocation:
+  """DARS: stage-1 groups of G, then stage-2 rows by ``schedule`` ("et" or "hw").
+
+  Stage-2 rows go to prompts in order, each taking its schedule's extra rollouts. With
+  ``chunk`` 0 they are one sampling call of ``budget`` rows: rows past the demand are invalid
+  and demand past the budget is truncated. With ``chunk`` C > 0 the ``budget`` rows (a multiple
+  of C: pass the schedule's largest demand, P * (n_max - G) rounded up, so nothing truncates)
+  are sampled C at a time, and only the calls the demand needs run (``live`` marks their rows).
+
+  Metrics: dars_demand (the stage-2 rows the schedule asks for), dars_truncated (those past
+  the budget) and dars_truncated_fraction (of the demand), dars_extra_rollouts,
+  dars_budget_used, dars_stage2_calls (sampling calls run in stage 2), dars_all_wrong_stage1,
+  dars_rescued (all-wrong prompts with a right stage-2 rollout), kept_groups (share of merged
+  groups that are mixed).
   """
   p, g = num_prompts, group_size
+  if chunk and budget % chunk:
+    raise ValueError(f"dars: the stage-2 budget ({budget}) must be a multiple of chunk ({chunk})")
   k1, k2 = jax.random.split(key)
   pidx = prompts(p)
   r1 = sample(jnp.repeat(pidx, g), k1)
   acc = r1.rewards.reshape(p, g).mean(axis=1)
   extra = dars_schedule.extra_rollouts(acc, g, n_max, schedule=schedule)
   cum = jnp.cumsum(extra)
+  demand = cum[-1]
   owner = jnp.searchsorted(cum, jnp.arange(budget), side="right")  # [budget]
-  valid2 = jnp.arange(budget) < cum[-1]
+  valid2 = jnp.arange(budget) < demand
   owner = jnp.minimum(owner, p - 1)
-  r2 = sample(pidx[owner], k2)
+  if chunk:
+    calls = -(-demand // chunk)  # the calls the demand needs
+    r2 = _stage2_chunks(sample, pidx[owner], k2, chunk, calls, constrain)
+    live = jnp.concatenate([jnp.ones((p * g,), bool), valid2])
+  else:
+    calls, live = jnp.int32(1), None
+    r2 = sample(pidx[owner], k2)
   ro = jax.tree.map(lambda a, b: jnp.concatenate([a, b]) if a.ndim >= 1 else jnp.maximum(a, b),
                     r1, r2)
   group = jnp.concatenate([jnp.repeat(jnp.arange(p), g), owner]).astype(jnp.int32)
@@ -148,16 +190,19 @@ def dars(sample: Sample, prompts: Prompts, key: jax.Array, *, num_prompts: int, 
   n_right = jax.ops.segment_sum((valid & ro.correct).astype(jnp.int32), group, p)
   mixed = (n_right > 0) & (n_right < n_valid)
   stage2_right = jax.ops.segment_sum((valid2 & r2.correct).astype(jnp.int32), owner, p)
-  used = jnp.minimum(cum[-1], budget)
+  used = jnp.minimum(demand, budget)
+  truncated = jnp.maximum(demand - budget, 0).astype(jnp.float32)
   metrics = dict(
-      dars_demand=cum[-1].astype(jnp.float32),
-      dars_truncated=jnp.maximum(cum[-1] - budget, 0).astype(jnp.float32),
+      dars_demand=demand.astype(jnp.float32),
+      dars_truncated=truncated,
+      dars_truncated_fraction=truncated / jnp.maximum(demand, 1).astype(jnp.float32),
       dars_extra_rollouts=used.astype(jnp.float32),
       dars_budget_used=used / max(budget, 1),
+      dars_stage2_calls=jnp.asarray(calls, jnp.float32),
       dars_all_wrong_stage1=jnp.sum(acc == 0).astype(jnp.float32),
       dars_rescued=jnp.sum((acc == 0) & (stage2_right > 0)).astype(jnp.float32),
       kept_groups=jnp.mean(mixed.astype(jnp.float32)))
-  return Allocation(ro, group, valid & mixed[group], p, metrics)
+  return Allocation(ro, group, valid & mixed[group], p, metrics, live)
 
 
 # Registry -----------------------------------------------------------------------------------------
@@ -301,11 +346,15 @@ class DynamicSamplingArgs:
 class DarsArgs:
   """DARS: ``schedule`` "et" (equal treatment) or "hw" (hardness weighted), ``n_max`` the
   largest merged group (stage 1 + stage 2), ``budget`` the stage-2 rows per step (static; 0:
-  P * (n_max - G), the schedule's largest demand, so stage 2 never truncates)."""
+  P * (n_max - G), the schedule's largest demand, so stage 2 never truncates), ``chunk``
+  (0: one stage-2 sampling call of the whole budget; C > 0: the never-truncating budget rounded
+  up to a multiple of C, sampled C rows at a time, only as many calls as the demand needs;
+  ``budget`` must then be 0)."""
 
   schedule: str = "et"
   n_max: int = 32
   budget: int = 0
+  chunk: int = 0
 
   def __post_init__(self):
     if self.schedule not in ("et", "hw"):
@@ -314,15 +363,25 @@ class DarsArgs:
       raise ValueError(f"n_max must be >= 1 (got {self.n_max})")
     if self.budget < 0:
       raise ValueError(f"budget must be >= 0 (got {self.budget})")
+    if self.chunk < 0:
+      raise ValueError(f"chunk must be >= 0 (got {self.chunk})")
+    if self.chunk and self.budget:
+      raise ValueError(f"budget must be 0 with chunk ({self.chunk}): chunked stage 2 samples "
+                       "what the demand needs, up to the schedule's largest demand")
 
   def stage2_rows(self, num_prompts: int, group_size: int) -> int:
-    return self.budget or num_prompts * (self.n_max - group_size)
+    most = num_prompts * (self.n_max - group_size)
+    if self.chunk:
+      return -(-most // self.chunk) * self.chunk
+    return self.budget or most
 
 
-def _dars_rule(sample, prompts, key, *, num_prompts, group_size, schedule, n_max, budget):
-  args = DarsArgs(schedule, n_max, budget)
+def _dars_rule(sample, prompts, key, *, num_prompts, group_size, schedule, n_max, budget, chunk,
+               constrain):
+  args = DarsArgs(schedule, n_max, budget, chunk)
   return dars(sample, prompts, key, num_prompts=num_prompts, group_size=group_size,
-              n_max=n_max, schedule=schedule, budget=args.stage2_rows(num_prompts, group_size))
+              n_max=n_max, schedule=schedule, budget=args.stage2_rows(num_prompts, group_size),
+              chunk=chunk, constrain=constrain)
 
 
 def _dars_check(args: DarsArgs, cfg) -> None:
@@ -343,7 +402,8 @@ def _dars_b_check(args: DarsArgs, cfg) -> None:
 
 
 def _dars_calls(p, g, a: DarsArgs):
-  return (p * g, a.stage2_rows(p, g))
+  stage2 = a.stage2_rows(p, g)
+  return (p * g,) + ((a.chunk,) * (stage2 // a.chunk) if a.chunk else (stage2,))
 
 
 register_allocation("plain", plain, calls=lambda p, g, a: (p * g,))

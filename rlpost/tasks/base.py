@@ -61,12 +61,16 @@ class Task(abc.ABC):
     prompt_template: the trainer formats prompts with ``cfg.prompt_template`` (a policy's chat
       format) instead of using them as they are.
     has_graded_reward: ``cfg.graded_reward`` (partial credit) applies.
+    reads_files: every value of ``cfg.task_spec`` is a local path or a list of them (the data
+      a run's identity digests, ``rlpost.train.identity``); False: the data follows from the
+      config.
   """
 
   name: str = ""
   character_alphabet: bool = True
   prompt_template: bool = False
   has_graded_reward: bool = False
+  reads_files: bool = False
 
   @property
   def correct_at(self) -> float:

@@ -332,6 +332,7 @@ class _FileTask(base.Task):
 
   character_alphabet = False
   prompt_template = True
+  reads_files = True
 
   @classmethod
   def validate(cls, cfg) -> None:

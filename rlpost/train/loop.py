@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 from rlpost import averaging, paths, progress as progress_lib
-from rlpost.train import checkpoint, guards, tracking
+from rlpost.train import checkpoint, guards, identity, tracking
 from rlpost.train import config as config_lib
 from rlpost.train.rl import RLConfig, RLState, Trainer, raise_if_bad
 
@@ -148,6 +148,7 @@ def check_run_dir(run_dir: str, cfg, *, allow_config_change: bool = False) -> di
     raise NotADirectoryError(f"config key 'run_dir': {run_dir} is a file, not a directory")
   check_locations(run_dir, cfg)
   changes = config_changes(run_dir, cfg)
+  changes.update(identity_changes(run_dir, cfg))
   if changes and not allow_config_change:
     shown = "; ".join(f"{k}: {v['from']!r} -> {v['to']!r}" for k, v in changes.items())
     if len(shown) > 200:
@@ -156,6 +157,22 @@ def check_run_dir(run_dir: str, cfg, *, allow_config_change: bool = False) -> di
                      "use another run_dir, or pass --allow-config-change "
                      f"(allow_config_change=True) to continue it with the new values: {shown}")
   return changes
+
+
+def identity_changes(run_dir: str, cfg) -> dict[str, dict]:
+  """``{"identity:<key>": {"from", "to"}}`` for each entry of ``run_dir``'s ``identity.json``
+  (``rlpost.train.identity``) that the files ``cfg`` names now differ from: other weights or
+  data behind the same (or another) path. Nothing when the run has no identity yet or a file
+  cannot be read (the run's own checks name it)."""
+  stored = identity.read(run_dir)
+  if stored is None:
+    return {}
+  try:
+    now = identity.of_config(cfg)
+  except OSError:
+    return {}
+  return {f"identity:{k}": {"from": identity.describe(stored, k), "to": identity.describe(now, k)}
+          for k in identity.differences(stored, now)}
 
 
 def _config_json(cfg) -> dict:
@@ -299,6 +316,8 @@ def _run(trainer: Trainer, run_dir: str, *, progress: bool, allow_config_change:
       with open(tmp, "w") as f:
         json.dump(cfg_dict, f, indent=2, sort_keys=True)
       os.replace(tmp, cfg_path)
+      where[0] = os.path.join(run_dir, identity.FILE)
+      identity.write(run_dir, identity.of_config(cfg))
     where[0] = metrics_path
     if resumed_from is not None:
       if tracker:

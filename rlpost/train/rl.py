@@ -156,8 +156,11 @@ class Parts:
     self.jax_reward = task.task.jax_reward is not None and isinstance(tok, CharTokenizer)
     self.score_host = task_base.host_scorer(task.task, task.records, tok, policy.stop_ids)
     self.reported: tuple[str, ...] = ()  # the allocation's and the chain's metric names
-    plan = rule.plan(args, spec.num_prompts, spec.group_size)
+    self.plan = plan = rule.plan(args, spec.num_prompts, spec.group_size)
     n_dev = len(mesh.devices.flat)
+    if any(n % n_dev for n in plan.calls):
+      raise ValueError(f"allocation {rule.name!r} samples {list(plan.calls)} rows per call; "
+                       f"each must be divisible by the {n_dev} devices")
     per_update = spec.num_minibatches * spec.grad_accum * n_dev
     if plan.rows % per_update:
       raise ValueError(f"allocation {rule.name!r} gives {plan.rows} rows, which do not split "
@@ -384,7 +387,7 @@ def _make_fns(tr: "Parts") -> TrainFns:
             params, ro.prompts[r], pmask, ro.tokens[r], tmask, entropy=entropy,
             num_bins=num_bins)
         return score(None) if tr.packing is None else tr.packing.run(score, pmask, tmask)
-      return jax.lax.stop_gradient(row_chunks(fn, b, chunk))
+      return jax.lax.stop_gradient(row_chunks(fn, b, chunk, alloc.live))
 
     ref_logp = scores(ref_params)[0] if "ref_logp" in needs else None
     current_logp = entropy = None
@@ -399,7 +402,7 @@ def _make_fns(tr: "Parts") -> TrainFns:
     reported = dict(adv.metrics or {})  # the chain's own metrics (``obj.report``)
     adv = adv._replace(metrics=None)
     params, opt_state, stats = update_epochs(state.params, state.opt_state, batch, ro.prompts,
-                                             ro.pmask, adv, k_mb)
+                                             ro.pmask, adv, k_mb, alloc.live)
     vf = valid.astype(jnp.float32)
     n_valid = jnp.maximum(jnp.sum(vf), 1.0)
     bad = jnp.maximum(finite.first_bad_index, 0)

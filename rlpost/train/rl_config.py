@@ -383,6 +383,9 @@ class RLConfig:
     need((rows // self.num_minibatches) % n_dev == 0,
          "num_prompts", f"the mini-batch of {rows // self.num_minibatches} rollouts must be "
          f"divisible by the {n_dev} devices of the mesh")
+    need(all(c % n_dev == 0 for c in plan.calls), "allocation_args",
+         f"allocation {self.allocation!r} samples {list(plan.calls)} rows per call; each must "
+         f"be divisible by the {n_dev} devices of the mesh")
     if self.rollout_chunk:
       calls = list(plan.calls)
       need(self.rollout_chunk % n_dev == 0 and all(c % self.rollout_chunk == 0 for c in calls),

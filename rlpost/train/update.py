@@ -34,11 +34,17 @@ if TYPE_CHECKING:
   from rlpost.models.packing import Buckets
 
 
-def row_chunks(fn: Callable, b: int, chunk: int) -> jax.Array:
-  """``fn(rows [chunk] int32) -> [chunk, ...]`` over all B rows in sequential chunks."""
+def row_chunks(fn: Callable, b: int, chunk: int, live: jax.Array | None = None) -> jax.Array:
+  """``fn(rows [chunk] int32) -> [chunk, ...]`` over all B rows in sequential chunks; with
+  ``live`` ([B] bool) a chunk without a live row is not run and gives zeros."""
   if chunk >= b:
     return fn(jnp.arange(b))
-  out = jax.lax.map(fn, jnp.arange(b).reshape(-1, chunk))
+  run = fn
+  if live is not None:
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                         jax.eval_shape(fn, jnp.arange(chunk)))
+    run = lambda r: jax.lax.cond(jnp.any(live[r]), fn, lambda r: zeros, r)  # noqa: E731
+  out = jax.lax.map(run, jnp.arange(b).reshape(-1, chunk))
   return jax.tree.map(lambda x: x.reshape(b, *x.shape[2:]), out)
 
 
@@ -77,21 +83,30 @@ def make_update(*, recipe: obj.Recipe, optimizer: optax.GradientTransformation,
       and the stats gain real_tokens and packed_slots. None: padded.
 
   Returns:
-    ``update(params, opt_state, batch, prompts, pmask, adv, key) -> (params, opt_state,
-    stats)`` with ``batch`` a RolloutBatch of B rows, ``adv`` its ``Advantages``, and stats
+    ``update(params, opt_state, batch, prompts, pmask, adv, key, live=None) -> (params,
+    opt_state, stats)`` with ``batch`` a RolloutBatch of B rows, ``adv`` its ``Advantages``,
+    ``live`` None or [B] bool (``rlpost.rollouts.allocate.Allocation.live``: the sampled rows of
+    a dynamic allocation; mini-batches then split the live rows evenly and micro-batches
+    without a valid row run no model pass), and stats
     the mean over updates of the recipe's metrics, loss and grad_norm, plus logp_mismatch: the
     sampler-vs-trainer token log-prob gap of the first mini-batch of the first epoch (the only
     one that sees the sampling parameters).
   """
   needs_entropy = "entropy" in recipe.loss_inputs
 
-  def loss_parts(params, rows, batch, prompts, pmask, adv, num_bins=None):
+  def loss_parts(params, rows, batch, prompts, pmask, adv, num_bins=None, model=True):
     """The recipe's loss over rows ``rows`` as a (sum, denominator) pair, its metrics (also
-    pairs) and the log-prob gap as a pair: pairs of disjoint row sets add up."""
+    pairs) and the log-prob gap as a pair: pairs of disjoint row sets add up. ``model`` False:
+    zeros for the log-probs and entropies, without running the policy (for rows that are all
+    invalid, whose terms the loss masks out: the same values)."""
     rows = constrain(rows)
     sub = jax.tree.map(lambda x: x[rows], batch)
-    logp, ent = policy_logp(params, prompts[rows], pmask[rows], sub.tokens, sub.token_mask,
-                            entropy=needs_entropy, num_bins=num_bins)
+    if model:
+      logp, ent = policy_logp(params, prompts[rows], pmask[rows], sub.tokens, sub.token_mask,
+                              entropy=needs_entropy, num_bins=num_bins)
+    else:
+      logp = jnp.zeros(sub.tokens.shape, jnp.float32)
+      ent = logp if needs_entropy else None
     parts, metrics = recipe.loss_fn(logp, sub, adv.values[rows], adv.weights[rows], entropy=ent)
     if packing is not None:
       metrics = {**metrics, **packing.metrics(pmask[rows], sub.token_mask)}
@@ -107,9 +122,10 @@ def make_update(*, recipe: obj.Recipe, optimizer: optax.GradientTransformation,
     rows = constrain(rows)
     return packing.run(fn, pmask[rows], batch.token_mask[rows])
 
-  def minibatch_grads(params, rows, *data):
+  def minibatch_grads(params, rows, *data, skip=False):
     """(loss, metrics, mismatch, grads) of one mini-batch, over grad_accum micro-batches;
-    grads are those of the trainable part (``split_trainable``)."""
+    grads are those of the trainable part (``split_trainable``). ``skip``: a micro-batch
+    without a valid row runs no forward or backward pass (zero gradient, same loss parts)."""
     train, frozen = split_trainable(params, trainable)
     if frozen is not None:
       frozen = jax.lax.stop_gradient(frozen)
@@ -137,7 +153,14 @@ def make_update(*, recipe: obj.Recipe, optimizer: optax.GradientTransformation,
           return parts.sum, (parts, aux)
         return jax.value_and_grad(sum_fn, has_aux=True)(train)
 
-      (_, out), g = packed(value_and_grad, r, batch, pmask)
+      def run():
+        return packed(value_and_grad, r, batch, pmask)
+
+      def no_model():
+        parts, aux = loss_parts(join_trainable(train, frozen), r, *data, model=False)
+        return (parts.sum, (parts, aux)), jax.tree.map(jnp.zeros_like, train)
+
+      (_, out), g = (jax.lax.cond(jnp.any(batch.valid[r]), run, no_model) if skip else run())
       return jax.tree.map(jnp.add, acc, (g, out)), None
 
     micro_rows = rows.reshape(grad_accum, -1)
@@ -149,13 +172,14 @@ def make_update(*, recipe: obj.Recipe, optimizer: optax.GradientTransformation,
     grads = jax.tree.map(lambda g: obj.safe_divide(g, parts.denominator), g_sum)
     return obj.finalize(parts), metrics, obj.finalize(mismatch), grads
 
-  def update(params, opt_state, batch: RolloutBatch, prompts, pmask, adv, key):
+  def update(params, opt_state, batch: RolloutBatch, prompts, pmask, adv, key, live=None):
     b = batch.batch_size
     mb = b // num_minibatches
 
     def minibatch_update(carry, rows):
       params, opt_state = carry
-      loss, metrics, mismatch, grads = minibatch_grads(params, rows, batch, prompts, pmask, adv)
+      loss, metrics, mismatch, grads = minibatch_grads(params, rows, batch, prompts, pmask, adv,
+                                                       skip=live is not None)
       train, frozen = split_trainable(params, trainable)
       updates, opt_state = optimizer.update(grads, opt_state, train)
       params = join_trainable(optax.apply_updates(train, updates), frozen)
@@ -165,7 +189,13 @@ def make_update(*, recipe: obj.Recipe, optimizer: optax.GradientTransformation,
 
     def epoch(carry, i):
       perm = jax.random.permutation(jax.random.fold_in(key, i), b)
-      return jax.lax.scan(minibatch_update, carry, perm.reshape(num_minibatches, mb))
+      if live is None:
+        return jax.lax.scan(minibatch_update, carry, perm.reshape(num_minibatches, mb))
+      # Live rows first (shuffled), and mini-batch j takes every M-th row from j: the live rows
+      # split evenly over the mini-batches and lead each, so the micro-batches after them hold
+      # no valid row and are skipped.
+      perm = perm[jnp.argsort(~live[perm], stable=True)]
+      return jax.lax.scan(minibatch_update, carry, perm.reshape(mb, num_minibatches).T)
 
     (params, opt_state), stats = jax.lax.scan(epoch, (params, opt_state),
                                               jnp.arange(num_iterations))

@@ -61,9 +61,11 @@ def toy(cfg: dict, env) -> dict:
              task_spec=env["data"][cfg["task"]])
   scale_p = TOY["num_prompts"] / cfg["num_prompts"]
   scale_n = TOY["max_new_tokens"] / cfg["max_new_tokens"]
-  if cfg.get("allocation_args", {}).get("budget"):
-    args = cfg["allocation_args"]
+  args = cfg.get("allocation_args", {})
+  if args.get("budget"):
     out["allocation_args"] = dict(args, budget=max(1, round(args["budget"] * scale_p)))
+  if args.get("chunk"):  # stage-2 calls: several at toy size too
+    out["allocation_args"] = dict(args, chunk=max(4, round(args["chunk"] * scale_p)))
   if "overlong_buffer" in cfg["recipe_args"]:
     out["recipe_args"] = dict(cfg["recipe_args"],
                               overlong_buffer=max(1, round(cfg["recipe_args"]["overlong_buffer"]
@@ -107,6 +109,7 @@ def test_full_config_trains_one_step_and_evaluates(env, experiment, name):
   assert {"loss", "reward", "accuracy", "grad_norm", "truncated", "logp_mismatch"} <= set(m)
   if cfg.get("allocation", "").startswith("dars"):
     assert {"dars_extra_rollouts", "dars_rescued", "kept_groups"} <= set(m)
+    assert m["dars_truncated_fraction"] == 0 and m["dars_stage2_calls"] >= 0
   if cfg["recipe"] == "ace":
     assert {"overconfident_errors", "confidence_shift"} <= set(m)
   assert int(state.step) == 1 and int(state.cursor) == TOY["num_prompts"]

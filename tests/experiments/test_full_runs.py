@@ -18,15 +18,24 @@ from scripts import reproduce
 ACE_KEYS = ("overconfident_errors",) + ace.SELECTIVITY
 
 
-def write_run(root, name, config, seed, evals, train=None, **overrides):
-  """A run directory: config.json (``config`` with ``seed`` and ``overrides``) and
-  metrics.jsonl, with eval rows at the steps of ``evals`` ({step: {metric: value}}, a step
-  given as a fraction of the run's ``steps``) and train rows (``train``) at the same steps."""
+# What every fake run trained on (rlpost.train.identity): one policy, one data set, one dtype.
+IDENTITY = {"policy": "a" * 64, "data": {"test": "b" * 64, "train": "c" * 64},
+            "dtype": {"dtype": "bfloat16", "param_dtype": "float32"}}
+
+
+def write_run(root, name, config, seed, evals, train=None, identity=IDENTITY, **overrides):
+  """A run directory: config.json (``config`` with ``seed`` and ``overrides``), identity.json
+  (``identity``; None: none) and metrics.jsonl, with eval rows at the steps of ``evals``
+  ({step: {metric: value}}, a step given as a fraction of the run's ``steps``) and train rows
+  (``train``) at the same steps."""
   d = os.path.join(root, f"{name}-s{seed}")
   os.makedirs(d)
   cfg = dict(config, seed=seed, run_dir=d, **overrides)
   with open(os.path.join(d, "config.json"), "w") as f:
     json.dump(cfg, f)
+  if identity is not None:
+    with open(os.path.join(d, "identity.json"), "w") as f:
+      json.dump(identity, f)
   with open(os.path.join(d, "metrics.jsonl"), "w") as f:
     for frac in sorted(evals):
       step = round(frac * cfg["steps"])
@@ -42,7 +51,7 @@ MC_EFFECT = {"G8-mean": 0.06, "G2-mean": 0.02, "G2-median": 0.05, "G2-mean_drop"
              "G2-mean_random": 0.02}
 
 
-def mc_runs(root, seeds=3, arms=MC_EFFECT, dataset="math", **overrides):
+def mc_runs(root, seeds=3, arms=MC_EFFECT, dataset="math", identity=IDENTITY, **overrides):
   rng = np.random.default_rng(0)
   planted = {}
   for arm, effect in arms.items():
@@ -54,20 +63,30 @@ def mc_runs(root, seeds=3, arms=MC_EFFECT, dataset="math", **overrides):
       vals.update({f: v for f, v in zip((0.5, 0.75, 1.0), last)})
       # the run's own weights and data paths: run-local, they do not change its arm
       write_run(root, f"{dataset}-{arm}", cfg, s, {k: {"pass@1": v} for k, v in vals.items()},
+                identity=identity(arm, s) if callable(identity) else identity,
                 policy=f"/models/{s}", task_spec={"train": "a.jsonl", "test": "b.jsonl"})
       planted[arm].append(np.mean(last))
   return planted
 
 
-def test_mc_grpo_full_runs_give_the_table(tmp_path):
+def test_mc_grpo_full_runs_give_the_table(tmp_path, capsys):
   runs, out = tmp_path / "runs", tmp_path / "out"
   planted = mc_runs(str(runs))
   write_run(str(runs / "elsewhere"), "gsm", mc_full.FULL["gsm8k-G2-mean"], 0,
             {0: {"pass@1": 0.1}, 1.0: {"pass@1": 0.2}})  # another dataset's: left out
   write_run(str(runs / "elsewhere"), "g4", mc_full.FULL["math-G4-mean"], 0,
             {0: {"pass@1": 0.1}})  # an arm this table does not use (one seed, unfinished)
-  reproduce.main(["mc_grpo", "--full", "--runs", str(runs), "--prefix", "math-",
-                  "--out", str(out)])
+  argv = ["mc_grpo", "--full", "--runs", str(runs), "--prefix", "math-", "--out", str(out)]
+  # 3 seeds per arm, fewer than the power plan's (SD 0.01, SESOI 0.0125: 12): refused, unless
+  # the user accepts it, which is printed and marked in the header.
+  with pytest.raises(SystemExit) as e:
+    reproduce.main(argv)
+  assert e.value.code == 2 and not out.exists()
+  err = capsys.readouterr().err
+  assert "3 seed(s) in the arm with the fewest; the power plan asks for 12 per arm" in err
+  assert err.rstrip().endswith("or pass --allow-underpowered")
+  reproduce.main(argv + ["--allow-underpowered"])
+  assert "UNDERPOWERED (--allow-underpowered): mc_grpo --full: 3 seed(s)" in capsys.readouterr().out
   res = json.loads((out / "results.json").read_text())
   assert res["full"] and res["command"].endswith("--prefix math-")
   s = res["summary"]
@@ -85,6 +104,8 @@ def test_mc_grpo_full_runs_give_the_table(tmp_path):
   table = (out / "table.md").read_text()
   assert table.startswith("# MC-GRPO at full size") and "not recorded" in table
   assert "full size, math" in table and "0/1 reward (claim family mc_grpo_01)" in table
+  assert "3 seeds per arm (12 from power: SD 0.01 (stated, not measured" in table
+  assert "UNDERPOWERED: 3 < 12 seeds, judged under --allow-underpowered" in table
   assert "| 0/1 | G=2, " in table and "| graded |" not in table
   assert os.path.getsize(out / "learning_curves.png") > 0
   assert not (out / "sign_flips.png").exists()
@@ -97,7 +118,7 @@ def test_mc_grpo_full_gsm8k_is_judged_as_graded_and_mixed_rewards_are_refused(tm
   assert mc_full.FULL["gsm8k-G2-median"]["graded_reward"]
   mc_runs(str(runs), dataset="gsm8k")
   reproduce.main(["mc_grpo", "--full", "--runs", str(runs), "--prefix", "gsm8k-",
-                  "--out", str(out)])
+                  "--out", str(out), "--allow-underpowered"])
   s = json.loads((out / "results.json").read_text())["summary"]
   assert {c["claim"]["family"] for c in s["claims"]} == {"testbed", "mc_grpo"}
   assert s["verdicts"]["median_beats_mean_small_g"] == "reproduced"
@@ -174,7 +195,7 @@ def test_ace_full_runs_give_the_table(tmp_path, capsys):
         evals[step]["token_entropy"] = 0.5
       write_run(str(runs), name, ace_full.FULL[name], s, evals,
                 train={k: 0.1 for k in ACE_KEYS})
-  reproduce.main(["ace", "--full", "--runs", str(runs), "--out", str(out)])
+  reproduce.main(["ace", "--full", "--runs", str(runs), "--out", str(out), "--allow-underpowered"])
   s = json.loads((out / "results.json").read_text())["summary"]
   assert s["main"] == "ace-dapo-0.5" and s["ks"] == list(ks)
   claims = {c["claim"]["id"]: c for c in s["claims"]}
@@ -203,7 +224,7 @@ def test_dars_full_runs_give_the_table(tmp_path, capsys):
   runs, out = tmp_path / "runs", tmp_path / "out"
   rng = np.random.default_rng(2)
   stage2 = {"dars_all_wrong_stage1": 30.0, "dars_rescued": 6.0, "dars_extra_rollouts": 900.0,
-            "dars_budget_used": 0.9}
+            "dars_budget_used": 0.9, "dars_truncated_fraction": 0.0}
   for name, (g1, g64) in DARS_EFFECT.items():
     for s in range(3):
       evals = {0: {"pass@1": 0.30, "pass@4": 0.45, "pass@16": 0.6, "pass@64": 0.70}}
@@ -214,7 +235,7 @@ def test_dars_full_runs_give_the_table(tmp_path, capsys):
                 train=stage2 if name.startswith("dars") else None)
   # an arm the table does not use is recognised and left out
   write_run(str(runs), "dars-hw", dars_full.FULL["dars-hw"], 0, {0: {"pass@1": 0.3}})
-  reproduce.main(["dars", "--full", "--runs", str(runs), "--out", str(out)])
+  reproduce.main(["dars", "--full", "--runs", str(runs), "--out", str(out), "--allow-underpowered"])
   res = json.loads((out / "results.json").read_text())
   s = res["summary"]
   assert list(res["data"]["arms"]) == list(dars.FULL_ARMS.values())
@@ -231,7 +252,8 @@ def test_dars_full_runs_give_the_table(tmp_path, capsys):
   assert s["sanity"] is None
   table = (out / "table.md").read_text()
   assert table.startswith("# DARS / DARS-B at full size") and "experiments/dars/full.py" in table
-  assert "below the schedule's largest demand" in table and "172 optimizer updates" in table
+  assert "Stage 2 is sampled in calls of 512 rows" in table and "172 optimizer updates" in table
+  assert "| dars-et | 30.00 | 6.00 | 900.0 | 0.900 | 0.000 |" in table
   assert os.path.getsize(out / "passk.png") > 0 and not (out / "cumulative_advantage.png").exists()
   with pytest.raises(SystemExit) as e:
     reproduce.main(["dars", "--full", "--runs", str(runs), "--prefix", "x-",
@@ -243,3 +265,49 @@ def test_dars_full_runs_give_the_table(tmp_path, capsys):
     reproduce.main(["dars", "--full", "--runs", str(runs), "--out", str(tmp_path / "o")])
   assert e.value.code == 2 and "for arm(s) grpo-breadth" in capsys.readouterr().err
   assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("key,other", [
+    ("policy", "d" * 64), ("data", {"test": "b" * 64, "train": "e" * 64}),
+    ("dtype", {"dtype": "float32", "param_dtype": "float32"})])
+def test_runs_of_other_weights_data_or_dtype_are_refused(tmp_path, key, other):
+  """The paths are run-local, so what they held decides: one run of another policy (a 7B
+  checkpoint), another data set or another dtype is refused with the key named."""
+  odd = lambda arm, s: dict(IDENTITY, **{key: other}) if (arm, s) == ("G2-mean", 1) else IDENTITY  # noqa: E731
+  mc_runs(str(tmp_path), identity=odd)
+  with pytest.raises(harness.RunsError, match=rf"runs differ in '{key}': .*math-G2-mean-s1 \(arm "
+                     r"math-G2-mean\) has .*one policy, one data set and one dtype"):
+    mc_grpo.from_full_runs(str(tmp_path), "math-")
+
+
+def test_a_run_without_identity_is_digested_from_its_files_or_refused(tmp_path):
+  from rlpost.train import identity
+
+  pol = tmp_path / "policy"
+  pol.mkdir()
+  (pol / "config.json").write_text('{"model_type": "qwen2"}')
+  data = {s: tmp_path / f"{s}.jsonl" for s in ("train", "test")}
+  for s, p in data.items():
+    p.write_text(json.dumps({"question": s, "answer": "1"}) + "\n")
+  spec = {s: str(p) for s, p in data.items()}
+  cfg = dict(mc_full.FULL["math-G2-mean"], policy=str(pol), task_spec=spec)
+  ident = identity.of_config(cfg)
+  assert ident["policy"] == identity.digest_path(str(pol / "config.json"))
+  assert set(ident["data"]) == {"train", "test"} and ident["dtype"]["dtype"] == "bfloat16"
+  runs = [{"dir": "r0", "config": cfg, "identity": None},
+          {"dir": "r1", "config": cfg, "identity": ident}]
+  harness.check_identities(runs, {})  # the old run's files give the same identity
+  data["train"].write_text("other\n")
+  with pytest.raises(harness.RunsError, match="runs differ in 'data'"):
+    harness.check_identities(runs, {})
+  gone = dict(cfg, policy=str(tmp_path / "elsewhere"))
+  with pytest.raises(harness.RunsError, match=r"r0: no identity.json .*config key 'policy': "
+                     r"cannot read .*elsewhere/config.json"):
+    harness.check_identities([{"dir": "r0", "config": gone, "identity": None}] + runs[1:], {})
+
+
+def test_dars_full_docs_state_its_power_plan():
+  from experiments import full_size
+
+  need = harness.power_plan(dict(full_size.power_fields(), min_effect=dars.Sizes().min_effect))
+  assert f"{need} at the stated SD {full_size.SEED_SD}" in " ".join(dars_full.__doc__.split())

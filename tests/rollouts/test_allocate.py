@@ -76,8 +76,61 @@ def test_dars_assigns_the_budget_by_schedule_and_drops_unmixed_groups():
   # and stage-2 rows beyond the schedule's need (the last 2) are invalid.
   np.testing.assert_array_equal(a.valid, [True] * 4 + [False] * 4 + [True] * 4 + [False] * 2)
   m = {k: float(v) for k, v in a.metrics.items()}
-  want = dict(dars_demand=4.0, dars_truncated=0.0, dars_extra_rollouts=4.0,
-              dars_budget_used=4 / 6, dars_all_wrong_stage1=1.0, dars_rescued=1.0,
-              kept_groups=0.5)
+  want = dict(dars_demand=4.0, dars_truncated=0.0, dars_truncated_fraction=0.0,
+              dars_extra_rollouts=4.0, dars_budget_used=4 / 6, dars_stage2_calls=1.0,
+              dars_all_wrong_stage1=1.0, dars_rescued=1.0, kept_groups=0.5)
   assert m.keys() == want.keys()
   np.testing.assert_allclose([m[k] for k in want], list(want.values()), rtol=1e-6)
+
+
+def marked_sampler(correct_of):
+  """``fake_sampler`` whose rows carry token 1: rows of a call that did not run stay 0."""
+  inner = fake_sampler(correct_of)
+
+  def sample(idx, key):
+    ro = inner(idx, key)
+    return ro._replace(sample=dict(ro.sample, tokens=jnp.ones_like(ro.sample["tokens"])))
+
+  return sample
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_chunked_dars_runs_the_calls_its_demand_needs(jit):
+  # P = 4, G = 4, n_max = 8, ET: prompts 0 and 2 all wrong in stage 1 (4 extra rows each, the
+  # cap n_max - G), 1 and 3 all right (none): demand 8 of at most P (n_max - G) = 16 rows, so
+  # chunk 4 runs 2 of the 4 stage-2 calls. A static budget of P G = 16 rows would hold it too;
+  # the unchunked rule with that budget gives the same groups and validity.
+  def run(chunk, key):
+    traced = []
+
+    def correct(i, r):  # the first call traced is stage 1
+      stage1 = not traced
+      traced.append(i.shape[0])
+      return i % 2 == 1 if stage1 else (i == 0) & (r % 2 == 0)
+
+    return allocate.dars(marked_sampler(correct), stream(10), key, num_prompts=4, group_size=4,
+                         n_max=8, schedule="et", budget=16, chunk=chunk)
+
+  a = (jax.jit(run, static_argnums=0) if jit else run)(4, jax.random.key(0))
+  static = run(0, jax.random.key(0))
+  m = {k: float(v) for k, v in a.metrics.items()}
+  assert (m["dars_demand"], m["dars_stage2_calls"], m["dars_truncated"]) == (8.0, 2.0, 0.0)
+  assert m["dars_truncated_fraction"] == 0 and m["dars_budget_used"] == 0.5
+  ran = np.asarray(a.rollouts.sample["tokens"][:, 0]) == 1
+  np.testing.assert_array_equal(ran, [True] * 24 + [False] * 8)  # stage 1, 2 calls, 2 not run
+  np.testing.assert_array_equal(a.live, [True] * 24 + [False] * 8)
+  np.testing.assert_array_equal(a.group_id, static.group_id)
+  np.testing.assert_array_equal(a.valid, static.valid)
+  # Prompt 0's merged group is mixed (stage-2 rows 16 and 18 right); the rest are unmixed.
+  np.testing.assert_array_equal(a.valid, [True] * 4 + [False] * 12 + [True] * 4 + [False] * 12)
+  assert static.live is None and m["dars_rescued"] == 1
+
+
+def test_chunked_dars_plan_and_arguments():
+  rule = allocate.get_allocation("dars")
+  args = rule.parse({"n_max": 8, "chunk": 12})  # P (n_max - G) = 16 rows: 2 calls of 12
+  assert rule.plan(args, 4, 4) == allocate.Plan((16, 12, 12), 40)
+  with pytest.raises(ValueError, match="budget must be 0 with chunk"):
+    rule.parse({"chunk": 4, "budget": 8})
+  with pytest.raises(ValueError, match="chunk must be >= 0"):
+    rule.parse({"chunk": -1})

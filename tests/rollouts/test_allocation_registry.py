@@ -159,7 +159,8 @@ def test_older_configs_are_read_in_todays_keys():
   with pytest.raises(ValueError, match="conflict with 'allocation'"):
     up(dict(dars_schedule="et", allocation="plain"))
   c = _cfg(recipe="dars", dars_schedule="et", dars_n_max=16)
-  assert (c.allocation, c.allocation_args) == ("dars", dict(schedule="et", n_max=16, budget=0))
+  assert (c.allocation, c.allocation_args) == ("dars", dict(schedule="et", n_max=16, budget=0,
+                                                                  chunk=0))
   # A factor the old keys refused is refused still, by the rule's arguments.
   with pytest.raises(ValueError, match="factor must be >= 1"):
     _cfg(dynamic_sampling_factor=0)

@@ -97,6 +97,36 @@ def test_rollout_allocation_in_the_step(dirs, kw):
     assert 0 < m["kept_groups"] <= 1
 
 
+def test_chunked_dars_stage2_in_the_trainer(dirs):
+  """allocation_args chunk: stage 2 runs the calls its demand needs and never truncates; the
+  step on the allocation equals the step on it without ``live`` (every micro-batch run) within
+  a tolerance (the skipping itself: tests/train/test_dynamic_rows.py)."""
+  tr = tiny(dirs, recipe="dars", allocation="dars", grad_accum=4,
+            allocation_args=dict(schedule="et", n_max=16, chunk=16))
+  assert tr.parts.plan.calls == (32,) + (16,) * 6  # P (n_max - G) = 96 rows, 6 calls
+  state = tr.init_state()
+  key = jax.random.wrap_key_data(state.key)
+  alloc = jax.jit(tr.fns.collect)(state.params, state.cursor, key, jax.random.key(1),
+                                  tr.train_data)
+  m = {k: float(v) for k, v in alloc.metrics.items()}
+  live = np.asarray(alloc.live)
+  assert 0 < m["dars_stage2_calls"] < 6, m  # some calls ran, some did not
+  assert m["dars_truncated"] == 0 and m["dars_demand"] == live[32:].sum()
+  mask, ran = np.asarray(alloc.rollouts.mask), 32 + 16 * int(m["dars_stage2_calls"])
+  assert mask[:ran].any(axis=1).all() and not mask[ran:].any()  # the calls not run: no tokens
+  np.testing.assert_array_equal(live, np.arange(128) < 32 + m["dars_demand"])
+  assert not np.asarray(alloc.valid)[~live].any()
+  upd = jax.jit(tr.fns.update)
+  ks = (jax.random.key(2), jax.random.key(3))
+  s1, m1 = jax.device_get(upd(state, alloc, tr.ref_params, *ks))
+  s2, m2 = jax.device_get(upd(state, alloc._replace(live=None), tr.ref_params, *ks))
+  assert_moved(m1, "chunked DARS")
+  for k in ("loss", "grad_norm", "reward", "kept_groups"):
+    np.testing.assert_allclose(m1[k], m2[k], rtol=2e-4, atol=1e-7, err_msg=k)
+  gap, moved = max_update_gap(s1.params, s2.params, state.params)
+  assert moved > 0 and gap <= 1e-2 * moved, (gap, moved)
+
+
 def test_countdown_through_host_callback(dirs):
   """The host-scored path end to end (wiring, not learning: a 10-step warm start)."""
   kw = dict(task="countdown", task_spec={}, num_train=100, num_test=20, sft_steps=10)

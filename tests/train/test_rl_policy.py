@@ -3,6 +3,7 @@ the learning-rate schedule and every configuration error."""
 
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -15,6 +16,7 @@ import hf_policy_testutil as hpt  # noqa: E402
 
 from rlpost.tasks import math_data  # noqa: E402
 from rlpost.train import config as config_lib  # noqa: E402
+from rlpost.train import identity  # noqa: E402
 from rlpost.train import rl  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -196,8 +198,13 @@ def test_train_script_runs_a_named_full_run_with_overrides(env, tmp_path):
   with pytest.raises(ValueError, match=r"no run 'G3' in FULL; known: \['gsm8k-G2-mean'"):
     train_script.load_config_file(f"{path}:G3")
   assert train_script.split_config_name("a/b.json") == ("a/b.json", None)
-  # A full-size run at toy size, every override given as command-line text.
-  spec = json.dumps(env["data"]["gsm8k"])
+  # A full-size run at toy size, every override given as command-line text (its own copy of
+  # the data, changed below).
+  own = {}
+  for split, src in env["data"]["gsm8k"].items():
+    own[split] = str(tmp_path / f"{split}.jsonl")
+    shutil.copyfile(src, own[split])
+  spec = json.dumps(own)
   argv = [f"{path}:gsm8k-G2-median", f"policy={env['policy']}", f"task_spec={spec}",
           "num_prompts=2", "steps=1", "max_new_tokens=8", "num_train=4", "num_test=2",
           "eval_problems=2", "eval_samples=2", "eval_batch=8", "eval_every=1",
@@ -206,7 +213,13 @@ def test_train_script_runs_a_named_full_run_with_overrides(env, tmp_path):
   assert int(out["state"].step) == 1 and out["evals"]
   cfg_file = tmp_path / "run" / "config.json"
   saved = json.loads(cfg_file.read_text())
+  original = dict(saved)
   assert saved["recipe"] == "mc_grpo" and saved["group_size"] == 3 and saved["lr"] == 2e-6
+  # What the run trained on, by content (rlpost.train.identity).
+  ident = json.loads((tmp_path / "run" / "identity.json").read_text())
+  assert ident["policy"] == identity.digest_path(os.path.join(env["policy"], "config.json"))
+  assert ident["data"] == {s: identity.digest_path(p) for s, p in own.items()}
+  assert ident["dtype"] == {"dtype": "bfloat16", "param_dtype": "float32"}
   assert saved["extra_stop_tokens"] == ["<|im_end|>"]
   # Re-running resumes (tuples compare as saved); a config saved before a key existed counts it
   # at its default.
@@ -216,4 +229,11 @@ def test_train_script_runs_a_named_full_run_with_overrides(env, tmp_path):
   saved.pop("lr_warmup_steps")  # 23 here, not the default 0
   cfg_file.write_text(json.dumps(saved))
   with pytest.raises(ValueError, match=r"different config \(keys \['lr_warmup_steps'\]\)"):
+    train_script.main(argv)
+  # Other data behind the same path: the run directory refuses it as a config change.
+  cfg_file.write_text(json.dumps(original))
+  with open(own["train"], "a") as f:
+    f.write(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+  with pytest.raises(ValueError, match=r"different config \(keys \['identity:data'\]\).*"
+                     r"identity:data: 'test sha256 .*, train sha256 (\w+)' -> "):
     train_script.main(argv)
