@@ -507,7 +507,7 @@ def seeds_note(sz, from_power: int) -> str:
   source = getattr(sz, "sd_source", "")
   sd = f"SD {sz.pilot_sd} ({source})" if source else f"pilot SD {sz.pilot_sd}"
   short = (f"; UNDERPOWERED: {sz.seeds} < {from_power} seeds, judged under "
-           "--allow-underpowered" if sz.seeds < from_power else "")
+           "--allow-underpowered" if source and sz.seeds < from_power else "")
   return (f"{sz.seeds} seeds per arm ({from_power} from power: {sd}, minimum "
           f"effect {sz.min_effect}, 80% power, alpha 0.05; floor {sz.min_seeds}{short})")
 

@@ -20,8 +20,10 @@ dataset of MC-GRPO).
 
 ``--slurm TEMPLATE`` writes ``RUNS/launch-<n>/commands.txt`` (one command per line) and
 ``RUNS/launch-<n>/array.sbatch``: the template with ``{job_name}``, ``{array}`` (``0-<n-1>``),
-``{count}``, ``{commands}`` (the absolute path of commands.txt) and ``{root}`` (this checkout)
-filled in; each array task runs line ``$SLURM_ARRAY_TASK_ID + 1`` of commands.txt. A new
+``{count}``, ``{commands}`` (the absolute path of commands.txt), ``{cwd}`` (the directory the
+launcher ran in, which the commands' relative paths are relative to) and ``{root}`` (this
+checkout) filled in; each array task runs line ``$SLURM_ARRAY_TASK_ID + 1`` of commands.txt
+from ``{cwd}``. A new
 ``launch-<n>`` is made each time; nothing is overwritten. Bad input is one line and exit
 status 2, before anything is written or run.
 """
@@ -40,7 +42,7 @@ sys.path.insert(0, ROOT)
 
 from rlpost.cli import run_main  # noqa: E402
 
-PLACEHOLDERS = ("{job_name}", "{array}", "{count}", "{commands}", "{root}")
+PLACEHOLDERS = ("{job_name}", "{array}", "{count}", "{commands}", "{cwd}", "{root}")
 SET_BY_LAUNCH = ("seed", "run_dir")
 
 
@@ -122,7 +124,8 @@ def write_slurm(template: str, todo: list[dict], runs: str, name: str) -> str:
   with open(commands, "w") as f:
     f.write("".join(t["command"] + "\n" for t in todo))
   values = {"{job_name}": f"rlpost-{name}", "{array}": f"0-{len(todo) - 1}",
-            "{count}": str(len(todo)), "{commands}": commands, "{root}": ROOT}
+            "{count}": str(len(todo)), "{commands}": commands, "{cwd}": os.getcwd(),
+            "{root}": ROOT}
   for k, v in values.items():
     text = text.replace(k, v)
   with open(os.path.join(out, "array.sbatch"), "w") as f:

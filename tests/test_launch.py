@@ -63,6 +63,7 @@ def test_slurm_array_from_a_template(tmp_path, capsys):
   assert len(commands) == 2 * 3 and all(c.startswith("python scripts/train.py") for c in commands)
   job = (runs / "launch-0" / "array.sbatch").read_text()
   assert "#SBATCH --array=0-5" in job and str(runs / "launch-0" / "commands.txt") in job
+  assert f'cd "{os.getcwd()}"' in job  # the commands' relative paths are the launcher's
   assert "{" not in job.replace("${", "").replace("$((", "")  # every placeholder filled
   exit_of(argv, capsys)  # again: a new directory, nothing overwritten
   assert (runs / "launch-1" / "commands.txt").read_text().splitlines() == commands

@@ -4,8 +4,8 @@ The config keys ``policy`` and ``task_spec`` are paths, which differ between mac
 cannot say whether two runs started from the same weights and read the same data. A run's
 identity holds digests of what the paths held when it started:
 
-* ``policy``: SHA-256 of the checkpoint's ``config.json`` (None for the built-in character
-  model, whose weights follow from the config's other keys);
+* ``policy``: SHA-256 of the checkpoint's ``config.json`` and weight files (``policy_digest``;
+  None for the built-in character model, whose weights follow from the config's other keys);
 * ``data``: {split: SHA-256} of the files of a file task's ``task_spec`` (``Task.reads_files``;
   a directory: of its files' relative paths and bytes, in sorted order; several paths: of their
   digests); None for the synthetic tasks, whose data follows from the config;
@@ -44,12 +44,27 @@ def digest_path(path: str) -> str:
   return h.hexdigest()
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".index.json")
+
+
+def policy_digest(policy_dir: str) -> str:
+  """SHA-256 over a checkpoint's ``config.json`` and its weight files (``WEIGHT_SUFFIXES``), by
+  name and bytes in sorted order: a fine-tune of the same architecture differs. OSError when
+  ``config.json`` cannot be read."""
+  names = sorted(n for n in os.listdir(policy_dir) if n.endswith(WEIGHT_SUFFIXES))
+  h = hashlib.sha256()
+  for name in ["config.json"] + names:
+    h.update(name.encode() + b"\0")
+    h.update(digest_path(os.path.join(policy_dir, name)).encode())
+  return h.hexdigest()
+
+
 def _data_paths(task_spec: dict) -> dict[str, list[str]] | None:
   """{split: paths} of a file task's spec; None when the spec names no files."""
   out = {}
   for split, v in sorted(task_spec.items()):
-    paths = [v] if isinstance(v, str) else v
-    if not (isinstance(paths, list) and paths and all(isinstance(p, str) for p in paths)):
+    paths = [v] if isinstance(v, str) else list(v) if isinstance(v, (list, tuple)) else None
+    if not (paths and all(isinstance(p, str) for p in paths)):
       return None
     out[split] = paths
   return out or None
@@ -62,11 +77,11 @@ def of_config(cfg: Any) -> dict:
   policy = get("policy")
   out: dict[str, Any] = {"policy": None, "data": None}
   if policy:
-    path = os.path.join(policy, "config.json")
     try:
-      out["policy"] = digest_path(path)
+      out["policy"] = policy_digest(policy)
     except OSError as e:
-      raise OSError(f"config key 'policy': cannot read {path} ({e.strerror or e})") from None
+      raise OSError(f"config key 'policy': cannot read {e.filename or policy} "
+                    f"({e.strerror or e})") from None
   from rlpost.tasks import base as task_base
 
   reads_files = get("task") in task_base.list_tasks() and task_base.get_task(
@@ -122,7 +137,7 @@ def describe(ident: dict, key: str) -> str:
   """One identity entry in words, for an error line."""
   v = ident.get(key)
   if key == "policy":
-    return "the built-in model" if v is None else f"config.json sha256 {v[:12]}"
+    return "the built-in model" if v is None else f"config and weights sha256 {v[:12]}"
   if key == "data":
     return "synthetic" if v is None else ", ".join(f"{s} sha256 {d[:12]}"
                                                     for s, d in sorted(v.items()))

@@ -292,6 +292,11 @@ def _run(trainer: Trainer, run_dir: str, *, progress: bool, allow_config_change:
     raise
   evals = []
   last_good = resumed_from
+  try:  # read before any write, so an unreadable input is not reported as a failed write
+    ident = identity.of_config(cfg) if _primary() else None
+  except BaseException:
+    ckpt.close()
+    raise
   where = [cfg_path, 0]  # the file being written and the step, for a storage error
 
   def stopped(e: BaseException) -> paths.StorageError:
@@ -317,7 +322,7 @@ def _run(trainer: Trainer, run_dir: str, *, progress: bool, allow_config_change:
         json.dump(cfg_dict, f, indent=2, sort_keys=True)
       os.replace(tmp, cfg_path)
       where[0] = os.path.join(run_dir, identity.FILE)
-      identity.write(run_dir, identity.of_config(cfg))
+      identity.write(run_dir, ident)
     where[0] = metrics_path
     if resumed_from is not None:
       if tracker:

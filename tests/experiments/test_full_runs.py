@@ -291,8 +291,12 @@ def test_a_run_without_identity_is_digested_from_its_files_or_refused(tmp_path):
     p.write_text(json.dumps({"question": s, "answer": "1"}) + "\n")
   spec = {s: str(p) for s, p in data.items()}
   cfg = dict(mc_full.FULL["math-G2-mean"], policy=str(pol), task_spec=spec)
+  (pol / "model.safetensors").write_bytes(b"weights")
   ident = identity.of_config(cfg)
-  assert ident["policy"] == identity.digest_path(str(pol / "config.json"))
+  assert ident["policy"] == identity.policy_digest(str(pol))
+  (pol / "model.safetensors").write_bytes(b"fine-tuned")  # the same config, other weights
+  assert identity.of_config(cfg)["policy"] != ident["policy"]
+  (pol / "model.safetensors").write_bytes(b"weights")
   assert set(ident["data"]) == {"train", "test"} and ident["dtype"]["dtype"] == "bfloat16"
   runs = [{"dir": "r0", "config": cfg, "identity": None},
           {"dir": "r1", "config": cfg, "identity": ident}]
@@ -302,7 +306,7 @@ def test_a_run_without_identity_is_digested_from_its_files_or_refused(tmp_path):
     harness.check_identities(runs, {})
   gone = dict(cfg, policy=str(tmp_path / "elsewhere"))
   with pytest.raises(harness.RunsError, match=r"r0: no identity.json .*config key 'policy': "
-                     r"cannot read .*elsewhere/config.json"):
+                     r"cannot read .*elsewhere"):
     harness.check_identities([{"dir": "r0", "config": gone, "identity": None}] + runs[1:], {})
 
 

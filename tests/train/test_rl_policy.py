@@ -217,7 +217,7 @@ def test_train_script_runs_a_named_full_run_with_overrides(env, tmp_path):
   assert saved["recipe"] == "mc_grpo" and saved["group_size"] == 3 and saved["lr"] == 2e-6
   # What the run trained on, by content (rlpost.train.identity).
   ident = json.loads((tmp_path / "run" / "identity.json").read_text())
-  assert ident["policy"] == identity.digest_path(os.path.join(env["policy"], "config.json"))
+  assert ident["policy"] == identity.policy_digest(env["policy"])
   assert ident["data"] == {s: identity.digest_path(p) for s, p in own.items()}
   assert ident["dtype"] == {"dtype": "bfloat16", "param_dtype": "float32"}
   assert saved["extra_stop_tokens"] == ["<|im_end|>"]
