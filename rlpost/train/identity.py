@@ -18,9 +18,11 @@ to pool runs whose identities differ.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import time
 from typing import Any
 
 FILE = "identity.json"
@@ -38,6 +40,23 @@ def digest_path(path: str) -> str:
       h.update(rel.encode() + b"\0")
       h.update(digest_path(os.path.join(path, rel)).encode())
     return h.hexdigest()
+  st = os.stat(path)
+  if time.time_ns() - st.st_mtime_ns < RECENT_NS:  # may still change within the clock's tick
+    return _file_digest.__wrapped__(path, st.st_size, st.st_mtime_ns, st.st_ino)
+  return _file_digest(os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+# Files modified less than this long ago are digested afresh on every call.
+RECENT_NS = 2 * 10 ** 9
+
+
+@functools.lru_cache(maxsize=256)
+def _file_digest(path: str, size: int, mtime_ns: int, inode: int) -> str:
+  """SHA-256 of a file, remembered for as long as its size, modification time and inode stay
+  the same: a launch reads the identity when it checks the run directory and again when the
+  run starts, and a 7B checkpoint is 15 GB."""
+  del size, mtime_ns, inode  # the cache key
+  h = hashlib.sha256()
   with open(path, "rb") as f:
     for block in iter(lambda: f.read(1 << 20), b""):
       h.update(block)

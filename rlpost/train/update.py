@@ -98,7 +98,8 @@ def make_update(*, recipe: obj.Recipe, optimizer: optax.GradientTransformation,
     """The recipe's loss over rows ``rows`` as a (sum, denominator) pair, its metrics (also
     pairs) and the log-prob gap as a pair: pairs of disjoint row sets add up. ``model`` False:
     zeros for the log-probs and entropies, without running the policy (for rows that are all
-    invalid, whose terms the loss masks out: the same values)."""
+    invalid, whose terms the loss masks out: the same values), and no packed slot or real
+    token counted."""
     rows = constrain(rows)
     sub = jax.tree.map(lambda x: x[rows], batch)
     if model:
@@ -109,7 +110,10 @@ def make_update(*, recipe: obj.Recipe, optimizer: optax.GradientTransformation,
       ent = logp if needs_entropy else None
     parts, metrics = recipe.loss_fn(logp, sub, adv.values[rows], adv.weights[rows], entropy=ent)
     if packing is not None:
-      metrics = {**metrics, **packing.metrics(pmask[rows], sub.token_mask)}
+      pack = packing.metrics(pmask[rows], sub.token_mask)
+      if not model:  # no pass ran: no slot computed, no real token seen
+        pack = {k: obj.LossParts(jnp.zeros_like(v.sum), v.denominator) for k, v in pack.items()}
+      metrics = {**metrics, **pack}
     tok = sub.token_mask & sub.valid[:, None]
     gap = jnp.abs(jax.lax.stop_gradient(logp) - sub.behaviour_logp)
     mismatch = obj.LossParts(jnp.sum(jnp.where(tok, gap, 0.0)), jnp.sum(tok).astype(jnp.float32))

@@ -9,13 +9,15 @@ import optax
 from rl_testutil import max_update_gap
 
 from rlpost import objectives as obj
+from rlpost.models.packing import Buckets
 from rlpost.train.update import make_update, row_chunks
 from rlpost.types import RolloutBatch
 
 B, T, V = 16, 3, 5
 
 
-def run_update(valid: np.ndarray, live: np.ndarray | None, *, minibatches: int, accum: int):
+def run_update(valid: np.ndarray, live: np.ndarray | None, *, minibatches: int, accum: int,
+               packing=None):
   """One epoch of the DARS recipe's update of a unigram policy over V tokens on B rows in
   groups of 4 (rewards mixed in every group; rows off ``valid`` invalid). Returns (start,
   params, stats, rows of each forward pass that ran)."""
@@ -39,7 +41,7 @@ def run_update(valid: np.ndarray, live: np.ndarray | None, *, minibatches: int, 
                                   key=jax.random.key(0))
   opt = optax.sgd(0.5)
   upd = make_update(recipe=recipe, optimizer=opt, policy_logp=policy_logp, num_iterations=1,
-                    num_minibatches=minibatches, grad_accum=accum)
+                    num_minibatches=minibatches, grad_accum=accum, packing=packing)
   p0 = {"w": jnp.linspace(-1, 1, V)}
   z = jnp.zeros((B, 1), jnp.int32)
   params, _, stats = jax.jit(upd)(p0, opt.init(p0), batch, z, z > 0, adv._replace(metrics=None),
@@ -58,6 +60,18 @@ def test_micro_batches_without_a_valid_row_run_no_model_pass():
   assert moved > 1e-3 and gap <= 1e-6, (gap, moved)
   np.testing.assert_allclose(s_got["loss"], s_ref["loss"], rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(s_got["grad_norm"], s_ref["grad_norm"], rtol=1e-6)
+
+
+def test_skipped_micro_batches_count_no_computed_slots():
+  """With the padding-free update's metrics, a micro-batch that ran no pass adds no computed
+  slot and no real token: half the micro-batches run, half the slots are counted."""
+  live = np.arange(B) < 8
+  _, _, dense, _ = run_update(live, None, minibatches=1, accum=4, packing=Buckets((0.5,)))
+  _, _, skipped, calls = run_update(live, live, minibatches=1, accum=4, packing=Buckets((0.5,)))
+  assert len(calls) == 2 and dense["packed_slots"] > 0 and dense["real_tokens"] > 0
+  np.testing.assert_allclose(skipped["packed_slots"], dense["packed_slots"] / 2, rtol=1e-6)
+  np.testing.assert_allclose(skipped["real_tokens"], dense["real_tokens"] / 2, rtol=1e-6)
+  np.testing.assert_allclose(skipped["loss"], dense["loss"], rtol=1e-6, atol=1e-7)
 
 
 def test_live_rows_split_evenly_over_the_mini_batches():

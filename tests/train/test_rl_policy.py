@@ -234,6 +234,13 @@ def test_train_script_runs_a_named_full_run_with_overrides(env, tmp_path):
   cfg_file.write_text(json.dumps(original))
   with open(own["train"], "a") as f:
     f.write(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+  def snapshot(d):
+    return {os.path.relpath(os.path.join(r, f), d): open(os.path.join(r, f), "rb").read()
+            for r, _, fs in os.walk(d) for f in fs}
+
+  before = snapshot(tmp_path / "run")
   with pytest.raises(ValueError, match=r"different config \(keys \['identity:data'\]\).*"
                      r"identity:data: 'test sha256 .*, train sha256 (\w+)' -> "):
     train_script.main(argv)
+  # Refused before anything is written: the run directory is byte for byte as it was.
+  assert snapshot(tmp_path / "run") == before and "identity.json" in before
