@@ -200,6 +200,10 @@ def host_reward(fn, tokens, mask, idx, *, split_id: int, correct_at: float = 1.0
   shape = jax.ShapeDtypeStruct(idx.shape, jnp.float32)
 
   def checked(t, m, i):
+    # Host arrays before any Python iteration: the operands may arrive as jax.Arrays, and an
+    # op on them would dispatch a program to a device that is waiting for this callback (on
+    # several CPU devices, a deadlock in the next collective).
+    t, m, i = np.asarray(t), np.asarray(m), np.asarray(i)
     try:
       r = np.asarray(fn(t, m, i, split_id), np.float32)
     except Exception as e:  # noqa: BLE001 - re-raised with the batch context

@@ -73,3 +73,33 @@ def test_host_scorer_decodes_and_passes_finished_and_the_record():
   assert list(r) == [1.0, 0.0] and r.dtype == np.float32
   assert seen == [("12", True, "12"), ("3", False, "3")]
   assert list(fn(tokens[2:], mask[2:], np.array([0]), 1)) == [1.0]  # split 1: test records
+
+
+def test_host_reward_on_a_mesh_iterates_host_arrays(with_devices):
+  """The scorer iterates its rows in Python. On 8 CPU devices the callback runs while the
+  devices wait for it, so an op it dispatched on a jax.Array would never run (the next
+  collective aborts after 40 s); host_reward hands it NumPy arrays."""
+  out = with_devices("""
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from rlpost.tasks.base import host_reward
+
+    seen = []
+    def fn(tokens, mask, idx, split):
+      seen.append(type(tokens).__module__)
+      return np.asarray([float(sum(int(x) for x in t[m])) for t, m in zip(tokens, mask)])
+
+    @jax.jit
+    def total(t, m, i):
+      r, c = host_reward(fn, t, m, i, split_id=0)
+      return jnp.sum(r), jnp.sum(c)
+
+    rows = NamedSharding(jax.make_mesh((8,), ("d",)), P("d"))
+    t = jax.device_put(jnp.arange(64, dtype=jnp.int32).reshape(16, 4), rows)
+    m = jax.device_put(jnp.ones((16, 4), bool), rows)
+    i = jax.device_put(jnp.arange(16, dtype=jnp.int32), rows)
+    s, c = total(t, m, i)
+    print(float(s), int(c), seen)
+  """)
+  s, c, seen = out.strip().split(" ", 2)
+  assert float(s) == sum(range(64)) and int(c) == 16 and "numpy" in seen
