@@ -8,9 +8,10 @@
 
 NAME is an experiment with full-size runs (``experiments/NAME/full.py``, its ``FULL`` dict:
 datasets are part of the arm names, e.g. ``math-G2-median``); ``--prefix`` keeps the arms whose
-names start with it. Seeds are 0 .. K-1 (``--first-seed`` moves them). Every run gets
-``run_dir=RUNS/ARM/sSEED`` and ``seed=SEED``; the ``key=value`` overrides after NAME go to every
-run (the run-local keys: ``policy``, ``task_spec``, ``mesh_fsdp`` ...).
+names start with it, ``--arms A,B`` the arms named. Seeds are 0 .. K-1 (``--first-seed`` moves
+them). Every run gets ``run_dir=RUNS/ARM/sSEED`` and ``seed=SEED``; the ``key=value`` overrides after NAME go to every
+run (the run-local keys: ``policy``, ``task_spec``, ``mesh_fsdp`` ...); ``key.field=value``
+sets one field of a dict-valued key (``allocation_args.chunk=256``), as in ``scripts/train.py``.
 
 A run whose directory holds a finished run (its last evaluation at its last step) is skipped;
 an unfinished one is listed again, and ``scripts/train.py`` resumes it from its checkpoint. So
@@ -36,6 +37,7 @@ import os
 import shlex
 import subprocess
 import sys
+from typing import Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -76,25 +78,32 @@ def run_state(run_dir: str) -> str:
   return "finished" if run["evals"] and run["evals"][-1]["step"] == steps else "unfinished"
 
 
-def plan(name: str, seeds: range, runs: str, overrides: list[str], prefix: str = "") -> list[dict]:
-  """[{"arm", "seed", "run_dir", "state", "command"}] for every arm (of ``prefix``) x seed."""
+def plan(name: str, seeds: range, runs: str, overrides: list[str], prefix: str = "",
+         only: Sequence[str] = ()) -> list[dict]:
+  """[{"arm", "seed", "run_dir", "state", "command"}] for every arm (of ``prefix``; of ``only``
+  when given) x seed."""
   from rlpost.train import config as config_lib
   from rlpost.train import rl
 
-  arms = {a: c for a, c in full_arms(name).items() if a.startswith(prefix)}
+  every = full_arms(name)
+  unknown = [a for a in only if a not in every]
+  if unknown:
+    raise LaunchError(f"--arms: {unknown[0]!r} is not an arm of experiments/{name}/full.py; "
+                      f"arms: {', '.join(every)}")
+  arms = {a: c for a, c in every.items() if a.startswith(prefix) and (not only or a in only)}
   if not arms:
     raise LaunchError(f"--prefix {prefix!r}: no arm of experiments/{name}/full.py starts with "
-                      f"it; arms: {', '.join(full_arms(name))}")
+                      f"it" + (" among --arms" if only else "") + f"; arms: {', '.join(every)}")
   bad = [o for o in overrides if o.partition("=")[0] in SET_BY_LAUNCH]
   if bad:
     raise LaunchError(f"override {bad[0]!r}: the launcher sets {' and '.join(SET_BY_LAUNCH)} "
                       "per run (--seeds, --first-seed, --runs)")
   # Every override must apply to every arm: unknown keys and wrong types are refused here; what
   # depends on the training machine (its devices, files) is checked by each run at its start.
-  parsed = config_lib.parse_overrides(overrides, rl.RLConfig)
   for arm, cfg in arms.items():
     try:
-      config_lib.from_dict(rl.RLConfig, dict(cfg, **parsed), validate=False)
+      parsed = config_lib.parse_overrides(overrides, rl.RLConfig)
+      config_lib.from_dict(rl.RLConfig, config_lib.apply_overrides(cfg, parsed), validate=False)
     except (TypeError, ValueError) as e:
       raise LaunchError(f"arm {arm}: {e}") from None
   out = []
@@ -142,6 +151,8 @@ def main(argv=None) -> list[dict]:
   ap.add_argument("--first-seed", type=int, default=0, help="seeds are first .. first + K - 1")
   ap.add_argument("--runs", default=None, help="where the run directories go (runs/NAME)")
   ap.add_argument("--prefix", default="", help="only the arms whose names start with this")
+  ap.add_argument("--arms", default="", metavar="A,B,...",
+                  help="only these arms (comma-separated names)")
   ap.add_argument("--dry-run", action="store_true", help="print the commands; run nothing")
   ap.add_argument("--slurm", metavar="TEMPLATE",
                   help="write a SLURM array job from TEMPLATE instead of running")
@@ -160,7 +171,7 @@ def main(argv=None) -> list[dict]:
   if os.path.exists(runs) and not os.path.isdir(runs):
     raise LaunchError(f"--runs {runs} is a file, not a directory")
   items = plan(args.name, range(args.first_seed, args.first_seed + args.seeds), runs,
-               args.overrides, args.prefix)
+               args.overrides, args.prefix, [a for a in args.arms.split(",") if a])
   todo = [t for t in items if t["state"] != "finished"]
   done = len(items) - len(todo)
   head = (f"# {args.name}: {len(items)} runs ({len(items) // args.seeds} arms x {args.seeds} "

@@ -7,7 +7,9 @@
 CONFIG is a Python file defining a dict ``CONFIG`` (the project's experiment files),
 ``FILE.py:NAME`` for the run NAME of a file's ``FULL`` dict of named full-size runs
 (``experiments/*/full.py``), or a JSON file; ``key=value`` overrides follow, typed by the config's
-fields (dicts and tuples as JSON, e.g. ``task_spec='{"train": "a.jsonl", "test": "b.jsonl"}'``).
+fields (dicts and tuples as JSON, e.g. ``task_spec='{"train": "a.jsonl", "test": "b.jsonl"}'``);
+``key.field=value`` sets one field of a dict-valued key and keeps the others
+(``recipe_args.alpha=0.5``, ``allocation_args.chunk=256``, ``model.max_seq_len=8192``).
 Unknown keys fail at start with the list of known ones. Re-running with the same run_dir resumes.
 
 Multi-host: start the same command on every host with ``--distributed`` (cluster managers such as
@@ -128,7 +130,8 @@ def main(argv=None) -> dict:
   if args.distributed or os.environ.get("RLPOST_COORDINATOR"):
     sharding.initialize_distributed()
   values = load_config_file(args.config)
-  values.update(config_lib.parse_overrides(args.overrides, rl.RLConfig))
+  values = config_lib.apply_overrides(values, config_lib.parse_overrides(args.overrides,
+                                                                     rl.RLConfig))
   cfg = config_lib.from_dict(rl.RLConfig, values)
   file, name = split_config_name(args.config)
   stem = os.path.splitext(os.path.basename(file))[0] + (f"-{name}" if name else "")

@@ -52,6 +52,16 @@ def test_dry_run_prints_every_arm_and_seed_and_skips_finished_runs(tmp_path, cap
   assert [ln for ln in lines if f"{arm}/s1" in ln][0].endswith("# unfinished: resumes")
 
 
+def test_named_arms_and_one_field_of_a_dict_key(tmp_path, capsys):
+  runs = str(tmp_path / "runs")
+  code, out = exit_of(["dars", "--seeds", "1", "--runs", runs, "--dry-run",
+                       "--arms", "dars-et,dars-b-et", "allocation_args.chunk=16"], capsys)
+  cmds = [ln for ln in out.out.splitlines() if not ln.startswith("#")]
+  assert code == 0 and [c.split()[2] for c in cmds] == [
+      "experiments/dars/full.py:dars-et", "experiments/dars/full.py:dars-b-et"]
+  assert all("allocation_args.chunk=16" in c for c in cmds)
+
+
 def test_slurm_array_from_a_template(tmp_path, capsys):
   runs = tmp_path / "runs"
   template = os.path.join(ROOT, "scripts", "slurm_array.sbatch")
@@ -76,6 +86,10 @@ def test_slurm_array_from_a_template(tmp_path, capsys):
     (["dars", "--seeds", "2", "--dry-run", "lr=abc"], "arm grpo-n8: "),
     (["dars", "--seeds", "2", "--dry-run", "nokey=1"], "nokey"),
     (["dars", "--seeds", "2", "--dry-run", "--prefix", "zz"], "--prefix 'zz': no arm"),
+    (["dars", "--seeds", "2", "--dry-run", "--arms", "dars-et,nope"], "--arms: 'nope' is not"),
+    (["dars", "--seeds", "2", "--dry-run", "--arms", "dars-et", "--prefix", "grpo"],
+     "--prefix 'grpo': no arm of experiments/dars/full.py starts with it among --arms"),
+    (["ace", "--seeds", "2", "--dry-run", "lr.x=1"], "arm dapo: override lr.x=1: 'lr' does not"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, match, capsys):
   code, out = exit_of(argv, capsys)

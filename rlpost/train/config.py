@@ -170,6 +170,36 @@ def parse_overrides(items: Sequence[str], cls: type | None = None) -> dict:
   return out
 
 
+def apply_overrides(values: dict, overrides: dict) -> dict:
+  """``values`` updated with ``overrides`` (``parse_overrides``): ``key=value`` replaces a key,
+  ``key.field=value`` sets one field of a dict-valued key (``recipe_args.alpha=0.5``,
+  ``allocation_args.chunk=16``, ``model.max_seq_len=8192``) and keeps its other fields. A
+  field's value is read as JSON (numbers, true / false, lists, dicts), else kept as text.
+  ValueError naming the override for a dotted key whose head does not hold a dict."""
+  out = dict(values)
+  for k, v in overrides.items():
+    if "." not in k:
+      out[k] = v
+      continue
+    head, field = k.split(".", 1)
+    base = out.get(head, {})
+    if isinstance(base, str):
+      try:
+        base = json.loads(base)
+      except ValueError:
+        pass
+    if not isinstance(base, dict) or not field or "." in field:
+      raise ValueError(f"override {k}={v}: {head!r} does not hold a dict of fields (a dotted "
+                       "override sets one field of recipe_args, allocation_args, model, ...)")
+    if isinstance(v, str):
+      try:
+        v = json.loads(v)
+      except ValueError:
+        pass
+    out[head] = dict(base, **{field: v})
+  return out
+
+
 def describe(cls: type, help: dict[str, str] | None = None) -> str:
   """Every key of dataclass ``cls`` as ``key (type, default: value)`` and its help line (from
   ``help`` or the field's metadata), under its group's heading in the order the groups first

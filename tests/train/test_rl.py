@@ -403,6 +403,25 @@ def test_config_errors(dirs):
       config_lib.from_dict(rl.RLConfig, values)
 
 
+def test_a_dotted_override_sets_one_field_of_a_dict_key():
+  base = {"recipe": "ace", "recipe_args": {"alpha": 0.5, "base": "dapo", "overlong_buffer": 64},
+          "model": {"dtype": "bfloat16"}, "lr": 1e-6}
+  got = config_lib.apply_overrides(base, config_lib.parse_overrides(
+      ["recipe_args.overlong_buffer=4", "recipe_args.fn=softplus", "model.max_seq_len=64",
+       "lr=2e-6"], rl.RLConfig))
+  assert got["recipe_args"] == {"alpha": 0.5, "base": "dapo", "overlong_buffer": 4,
+                                "fn": "softplus"}
+  assert got["model"] == {"dtype": "bfloat16", "max_seq_len": 64} and got["lr"] == "2e-6"
+  assert base["recipe_args"]["overlong_buffer"] == 64  # the base dict is not changed
+  # a key given as JSON text (a whole-dict override earlier on the command line) is merged into
+  got = config_lib.apply_overrides({}, {"allocation_args": '{"n_max": 8}',
+                                        "allocation_args.chunk": "4"})
+  assert got["allocation_args"] == {"n_max": 8, "chunk": 4}
+  for bad in ("lr.x=1", "recipe_args.a.b=1", "recipe_args.=1"):
+    with pytest.raises(ValueError, match=f"override {bad.split('=')[0]}=1: .* does not hold"):
+      config_lib.apply_overrides(base, config_lib.parse_overrides([bad]))
+
+
 def test_command_line_templates_get_real_newlines(tmp_path):
   typed = r"prompt_template=Question: {question}\nAnswer: a\\b"  # as a shell passes it
   got = config_lib.parse_overrides([typed, r'recipe_args={"sep": "\n"}'], rl.RLConfig)
