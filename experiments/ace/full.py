@@ -50,10 +50,17 @@ stored stacked (``full_size.common``). XLA's memory analysis (compiled for CPU, 
 measured on an accelerator; ``python -m scripts.benchmarks.full_memory``) puts the gradient
 pass of one 10,240-token row of the 7B model at 9.5 GiB of temporaries beyond its inputs and
 outputs (the parameters and their gradients, 28.4 + 28.4 GiB unsharded); with the plain
-attention and the layers stored one by one it was 87.7 GiB (BENCHMARKS.md, "One full-size training row"). Runtime:
-not measured. Status: not run at full size here (no numbers);
-``tests/experiments/test_full_configs.py`` builds every configuration at toy size and trains one
-run of each kind for a step.
+attention and the layers stored one by one it was 87.7 GiB (BENCHMARKS.md, "One full-size
+training row"). The whole step per device (``full_memory --whole-step``): 61.8 GiB by the
+arithmetic, 68.8 with XLA's plan of the sampler, over JAX's default 75% of an 80 GB GPU (raise
+``XLA_PYTHON_CLIENT_MEM_FRACTION``). Runtime: not measured; the roofline
+(``scripts/benchmarks/roofline.py``, worst-case lengths, assumed utilisations) predicts 7,598 s
+per step on 8 x H100, most of it decode (BENCHMARKS.md, "Whole step on paper"). Status: not run
+at full size here (no numbers); ``tests/experiments/test_full_configs.py`` builds every configuration at toy size and
+trains one run of each kind for a step, and ``tests/experiments/test_dress_rehearsal.py``
+runs the table's arms end to end at toy size on 8 simulated devices (converted data,
+a tiny checkpoint of the family, the launcher's commands, a resume, the aggregator's table
+over 2 seeds).
 """
 
 from __future__ import annotations

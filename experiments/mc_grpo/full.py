@@ -65,9 +65,14 @@ measured on an accelerator; ``python -m scripts.benchmarks.full_memory``): the g
 a micro-batch of 4 MATH rows (512 + 3,072 tokens) plans 7.9 GiB of temporaries and of 4 GSM8K
 rows (512 + 1,024) 6.3 GiB, beyond its inputs and outputs (the parameters and their gradients,
 5.8 + 5.8 GiB); 22.3 and 15.8 GiB with the plain attention and the layers stored one by one.
-Runtime: not measured. Status: not run at full size here (no numbers);
-``tests/experiments/test_full_configs.py`` builds every configuration at toy size and trains one
-run of each kind for a step.
+The whole step per device (``full_memory --whole-step``): 10.5-13.3 GiB. Runtime: not
+measured; the roofline (``scripts/benchmarks/roofline.py``, worst-case lengths, assumed
+utilisations) predicts 3.6-9.3 s per step on 8 x H100 (BENCHMARKS.md, "Whole step on paper").
+Status: not run at full size here (no numbers); ``tests/experiments/test_full_configs.py`` builds every configuration at toy size and
+trains one run of each kind for a step, and ``tests/experiments/test_dress_rehearsal.py``
+runs the table's arms end to end at toy size on 8 simulated devices (converted data,
+a tiny checkpoint of the family, the launcher's commands, a resume, the aggregator's table
+over 2 seeds).
 """
 
 from __future__ import annotations
