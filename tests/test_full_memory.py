@@ -129,11 +129,13 @@ def test_roofline_flops_by_hand(monkeypatch):
   assert work["update_flops"] == 1024 * 4 * row  # 1 epoch, forward + remat + backward
   assert work["reference_flops"] == 0 and work["sampler_calls"] == 2
   # 23 decode steps in one segment over 8 + 23 slots, 64 rows per device per chunk; the bytes
-  # per device-step are the bfloat16 weights once and the chunk's cache.
+  # per device-step are the float32 attention projections whole, an eighth of the float32 MLP
+  # and LM head, and the chunk's cache.
   (dec,) = work["decode"]
   assert (dec["steps"], dec["cache_slots"], dec["rows_per_device"]) == (2 * 23, 31, 64)
   assert dec["flops"] == 64 * (2 * mm + 2 * head + 2 * 4 * 31 * 64)
-  assert dec["bytes"] == 2 * (mm + head) + 64 * 31 * (2 * 2 * 2 * 16 * 2)
+  attn = 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64)
+  assert dec["bytes"] == 4 * (attn + (mm - attn + head) / 8) + 64 * 31 * (2 * 2 * 2 * 16 * 2)
   s = roofline.predict(work, roofline.H100)
   bound = max(dec["bytes"] / (3.35e12 * 0.6), dec["flops"] / (989e12 * 0.4))
   assert s["decode"] == pytest.approx(2 * 23 * bound)

@@ -54,7 +54,7 @@ attention and the layers stored one by one it was 87.7 GiB (BENCHMARKS.md, "One 
 training row"). The whole step per device (``full_memory --whole-step``): 61.8 GiB by the
 arithmetic, 68.8 with XLA's plan of the sampler, over JAX's default 75% of an 80 GB GPU (raise
 ``XLA_PYTHON_CLIENT_MEM_FRACTION``). Runtime: not measured; the roofline
-(``scripts/benchmarks/roofline.py``, worst-case lengths, assumed utilisations) predicts 7,598 s
+(``scripts/benchmarks/roofline.py``, worst-case lengths, assumed utilisations) predicts 5,583 s
 per step on 8 x H100, most of it decode (BENCHMARKS.md, "Whole step on paper"). Status: not run
 at full size here (no numbers); ``tests/experiments/test_full_configs.py`` builds every configuration at toy size and
 trains one run of each kind for a step, and ``tests/experiments/test_dress_rehearsal.py``

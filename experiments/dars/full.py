@@ -76,7 +76,7 @@ the gradient pass of a micro-batch of 4 Qwen2.5-Math-1.5B rows of 1,024 + 3,072 
 5.8 + 5.8 GiB); 25.2 GiB with the plain attention and the layers stored one by one. The whole
 step per device (``full_memory --whole-step``): 19.2-20.5 GiB. Runtime: not measured; the
 roofline (``scripts/benchmarks/roofline.py``, worst-case lengths, assumed utilisations) predicts
-45 s per step for ``grpo-n8`` and 1,491-11,931 s for the breadth arms on 8 x H100
+39 s per step for ``grpo-n8`` and 1,361-10,890 s for the breadth arms on 8 x H100
 (BENCHMARKS.md, "Whole step on paper"). Status: not run at full size here (no numbers);
 ``tests/experiments/test_full_configs.py`` builds every configuration at toy size and
 trains one run of each kind for a step, and ``tests/experiments/test_dress_rehearsal.py``

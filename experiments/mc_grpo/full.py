@@ -67,7 +67,7 @@ rows (512 + 1,024) 6.3 GiB, beyond its inputs and outputs (the parameters and th
 5.8 + 5.8 GiB); 22.3 and 15.8 GiB with the plain attention and the layers stored one by one.
 The whole step per device (``full_memory --whole-step``): 10.5-13.3 GiB. Runtime: not
 measured; the roofline (``scripts/benchmarks/roofline.py``, worst-case lengths, assumed
-utilisations) predicts 3.6-9.3 s per step on 8 x H100 (BENCHMARKS.md, "Whole step on paper").
+utilisations) predicts 2.7-6.6 s per step on 8 x H100 (BENCHMARKS.md, "Whole step on paper").
 Status: not run at full size here (no numbers); ``tests/experiments/test_full_configs.py`` builds every configuration at toy size and
 trains one run of each kind for a step, and ``tests/experiments/test_dress_rehearsal.py``
 runs the table's arms end to end at toy size on 8 simulated devices (converted data,

@@ -24,7 +24,8 @@ N_head = V E, the LM head, tied or not; d = H hd; T = Tp + N):
   forward(Tp, 1, c=1), at PREFILL_MFU of the peak.
 * decode step at cache length s (the sampler runs N - 1 steps over ``decode_segments`` caches,
   each step reading its segment's whole cache): 2 N_mm + 2 N_head + L x 4 s d FLOPs per row;
-  HBM bytes per device = the weights once (DECODE_WEIGHT_BYTES x (N_mm + N_head)) + the rows'
+  HBM bytes per device = the weights as this sampler reads them (``decode_weight_bytes``:
+  float32, the attention projections whole, the MLP and LM head sharded) + the rows'
   KV cache (rows per device x s x L x 2 x K x hd x 2 bytes). Time per step = the larger of
   bytes / (HBM bandwidth x DECODE_HBM_UTIL) and FLOPs / (peak x DECODE_MFU).
 * reference pass (recipes that read ref_logp, or log_confidence): forward(T, N, c) per row.
@@ -79,7 +80,15 @@ PREFILL_MFU = 0.40
 DECODE_MFU = 0.40  # decode FLOPs, where the step is compute-bound
 DECODE_HBM_UTIL = 0.60  # fraction of HBM bandwidth the bandwidth-bound steps reach
 UPDATE_PASSES = 4  # forward + remat recompute + backward (two forwards)
-DECODE_WEIGHT_BYTES = 2  # bfloat16 weights read once per decode step per device
+# What a decode step reads of the weights, per device: the sampler reads the float32 training
+# parameters (rlpost.sampling makes no bfloat16 copy; each matmul converts its operand), and in
+# XLA's plan of the call on 8 devices (full_memory --sampler-xla, BENCHMARKS.md "Memory per
+# device") the attention projections are gathered whole before the decode loop while the MLP and
+# LM-head weights stay sharded (the rows' activations are gathered to them instead). So each
+# step reads PARAM_BYTES x (attention projections + (MLP + head) / devices). A sampler holding a
+# whole bfloat16 copy would read 2 x (all matmul weights + head) instead: for ACE's 7B, 15.2 GB
+# against 6.4 here.
+PARAM_BYTES = 4
 KV_BYTES = 2  # the KV cache is in the compute dtype, bfloat16
 ADAMW_BYTES = 28  # float32: read param, grad, two moments (16), write param, moments (12)
 ACCUM_BYTES = 8  # float32 gradient accumulator: read + write per micro-batch
@@ -109,8 +118,15 @@ def param_counts(a: dict) -> dict:
   embed = v * e
   total = embed + layers + e + (0 if a["tie_embeddings"] else v * e)
   return dict(layer=layer, attention=attention, layer_matmul=attn_w + mlp, layers=layers,
-              layers_matmul=a["num_layers"] * (attn_w + mlp), embed=embed, head=v * e,
-              total=total)
+              layers_matmul=a["num_layers"] * (attn_w + mlp),
+              attention_matmul=a["num_layers"] * attn_w, mlp_matmul=a["num_layers"] * mlp,
+              embed=embed, head=v * e, total=total)
+
+
+def decode_weight_bytes(p: dict, devices: int = DEVICES) -> float:
+  """Weight bytes a decode step reads per device (``PARAM_BYTES``: the attention projections
+  whole, the MLP and the LM head sharded over ``devices``)."""
+  return PARAM_BYTES * (p["attention_matmul"] + (p["mlp_matmul"] + p["head"]) / devices)
 
 
 def full_runs() -> list[tuple[str, str, dict]]:
@@ -185,7 +201,7 @@ def step_work(cfg: dict, devices: int = DEVICES) -> dict:
   chunks = sampling_chunks(cfg)
   d = a["num_heads"] * a["head_dim"]
   segs = segments(tp, n)
-  weights = DECODE_WEIGHT_BYTES * (p["layers_matmul"] + p["head"])
+  weights = decode_weight_bytes(p, devices)
   decode = []  # (decode steps over the step, FLOPs per device-step, bytes per device-step)
   for c in sorted(set(chunks)):
     count = chunks.count(c)
@@ -232,7 +248,9 @@ def assumptions() -> dict:
       devices=DEVICES, chips={c.name: dataclasses.asdict(c) for c in CHIPS},
       update_mfu=UPDATE_MFU, prefill_mfu=PREFILL_MFU, decode_mfu=DECODE_MFU,
       decode_hbm_util=DECODE_HBM_UTIL, update_passes=UPDATE_PASSES,
-      decode_weight_bytes=DECODE_WEIGHT_BYTES, kv_bytes=KV_BYTES, adamw_bytes=ADAMW_BYTES,
+      decode_param_bytes=PARAM_BYTES,
+      decode_weights="attention projections whole, MLP and LM head / devices",
+      kv_bytes=KV_BYTES, adamw_bytes=ADAMW_BYTES,
       accum_bytes=ACCUM_BYTES, attention_causal=ATTENTION_CAUSAL,
       lengths="worst case: every prompt max_prompt_tokens, every completion max_new_tokens")
 
