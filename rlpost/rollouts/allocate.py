@@ -349,10 +349,11 @@ class DarsArgs:
   P * (n_max - G), the schedule's largest demand, so stage 2 never truncates), ``chunk``
   (0: one stage-2 sampling call of the whole budget; C > 0: the never-truncating budget rounded
   up to a multiple of C, sampled C rows at a time, only as many calls as the demand needs;
-  ``budget`` must then be 0). The update skips only whole micro-batches without a sampled
-  row: the rows of calls not made cost no model pass when the mini-batch is split into
-  micro-batches (``grad_accum`` > 1, as the full-size plans do); with one micro-batch per
-  mini-batch every pass runs over the static R rows, the unsampled ones masked."""
+  ``budget`` must then be 0). The update skips only whole micro-batches without a valid row
+  (sampled, in a mixed group): the rows of calls not made cost no model pass when the
+  mini-batch is split into micro-batches (``grad_accum`` > 1, as the full-size plans do); with
+  one micro-batch per mini-batch every pass runs over the static R rows, the unsampled ones
+  masked."""
 
   schedule: str = "et"
   n_max: int = 32

@@ -183,10 +183,10 @@ def apply_overrides(values: dict, overrides: dict) -> dict:
       continue
     head, field = k.split(".", 1)
     base = out.get(head, {})
-    if isinstance(base, str):
+    if isinstance(base, str):  # a whole-dict override given earlier, as JSON or a literal
       try:
-        base = json.loads(base)
-      except ValueError:
+        base = _parse_literal(head, base)
+      except TypeError:
         pass
     if not isinstance(base, dict) or not field or "." in field:
       raise ValueError(f"override {k}={v}: {head!r} does not hold a dict of fields (a dotted "

@@ -9,12 +9,13 @@ the sizes listed in ``TOY`` (and the per-table ``SCALED`` fields):
    ``scripts/prepare_data.py``;
 2. the policy: a tiny random checkpoint of the family of the run's (its config.json flags, Qwen's
    chat tokens), read through the Hugging Face loader with the full-size chat template;
-3. ``scripts/launch.py NAME --seeds 2 --dry-run --arms ...``: the commands of the arms the
-   table reads, each run by ``scripts/train.py``'s ``main`` on the simulated devices with
-   ``mesh_fsdp`` over all of them (FSDP), blockwise attention, stacked layers and the
-   configured scorer; in the ACE table (the cheapest) the first run is stopped after step 1
-   and resumed from its checkpoint (every run evaluates at each step, so the stopped run's
-   evaluations align with the rest);
+3. ``scripts/launch.py NAME --seeds 2 --dry-run --arms ...``: the printed commands of the arms
+   the table reads, each run in this process by ``scripts/train.py``'s ``main`` on the
+   simulated devices with ``mesh_fsdp`` over all of them (FSDP), blockwise attention, stacked
+   layers and the configured scorer; in the ACE table (the cheapest) the first run is first launched with
+   ``steps=1`` and then with its own command, which resumes it from its step-1 checkpoint in
+   the same process (every run evaluates at each step, so its evaluations align with the
+   rest; a process killed mid-run is tested in ``tests/train/test_nothing_lost.py``);
 4. ``scripts/reproduce.py NAME --full --runs DIR --allow-underpowered``: the run directories
    aggregated into the table, the table's arms being the full-size arms with the same toy
    overrides (so the aggregator's matching, identity checks and power plan run as they would).
@@ -40,8 +41,10 @@ TOY = ["num_prompts=8", "steps=2", "max_new_tokens=8", "num_train=8", "num_test=
        "grad_accum=1", "rollout_chunk=0"]
 
 # Per table: the launches (arms, overrides of fields that scale with the sizes), the
-# aggregator's --prefix and whether the first run is stopped and resumed. DARS's stage 2 runs in calls of 16 rows (several per step), and its
-# update in 2 micro-batches, so the skipped calls and micro-batches run on the mesh.
+# aggregator's --prefix and whether the first run is stopped after step 1 and resumed. DARS's
+# stage 2 runs in calls of 16 rows (12 at most per step here, as many as the step's demand
+# needs) and its update in 2 micro-batches ordered by live rows; which calls and micro-batches
+# a step skips depends on what the tiny policy draws.
 TABLES = {
     "mc_grpo": dict(prefix="math-", launches=[
         (["math-G2-mean", "math-G2-median", "math-G2-mean_drop", "math-G2-mean_random",
@@ -176,10 +179,13 @@ def rehearse(experiment: str, root: str) -> dict:
     for a in names:
       seen["toy"][a] = config_lib.apply_overrides(
           full.FULL[a], config_lib.parse_overrides(TOY + extra, rl.RLConfig))
-  with contextlib.redirect_stdout(io.StringIO()):
-    left = launch.main([experiment, "--seeds", "2", "--runs", runs, "--dry-run", "--arms",
-                        ",".join(arms), *TOY, *local])
-  seen["left_to_run"] = len(left)
+  # Each launch again, as it was launched: every run is finished, so nothing is left to run.
+  seen["left_to_run"] = 0
+  for names, extra in table["launches"]:
+    with contextlib.redirect_stdout(io.StringIO()):
+      seen["left_to_run"] += len(launch.main(
+          [experiment, "--seeds", "2", "--runs", runs, "--dry-run", "--arms", ",".join(names),
+           *TOY, *extra, *local]))
   # The aggregator over the toy arms: the full-size arms with the same overrides.
   full.FULL = seen.pop("toy")
   out_dir = os.path.join(root, "table")

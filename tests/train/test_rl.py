@@ -417,6 +417,8 @@ def test_a_dotted_override_sets_one_field_of_a_dict_key():
   got = config_lib.apply_overrides({}, {"allocation_args": '{"n_max": 8}',
                                         "allocation_args.chunk": "4"})
   assert got["allocation_args"] == {"n_max": 8, "chunk": 4}
+  got = config_lib.apply_overrides({}, {"model": "{'dtype': 'bfloat16'}", "model.remat": "true"})
+  assert got["model"] == {"dtype": "bfloat16", "remat": True}
   for bad in ("lr.x=1", "recipe_args.a.b=1", "recipe_args.=1"):
     with pytest.raises(ValueError, match=f"override {bad.split('=')[0]}=1: .* does not hold"):
       config_lib.apply_overrides(base, config_lib.parse_overrides([bad]))
