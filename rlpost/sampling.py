@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from rlpost.models import attention
 from rlpost.models import transformer as tfm
 from rlpost import tokenizer
 
@@ -281,12 +282,11 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens: jax.Array,
 
   # Prefill: attend causally over the valid prompt slots (a cache of exactly Tp slots).
   cache = tfm.init_cache(model.cfg, b, tp)
-  causal = jnp.tril(jnp.ones((tp, tp), bool))
-  attn = causal[None] & prompt_mask[:, None, :]  # [B, Tp, Tp]
-  positions = tfm.positions_from_mask(prompt_mask)
+  prompt = attention.padded(prompt_mask)  # the prompt slots' tokens
   # Logits of the last valid prompt token of each row (any padding layout).
   last = tp - 1 - jnp.argmax(prompt_mask[:, ::-1], axis=-1)
-  h, cache = model.hidden(prompt_tokens, positions, attn, cache, 0, select=last[:, None])
+  h, cache = model.hidden(prompt_tokens, prompt, cache, 0, select=last[:, None],
+                          k_tok=prompt)
   logits = model.logits(h[:, 0])  # [B, V]
   next_pos = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)  # position of token 0
 
@@ -314,8 +314,12 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens: jax.Array,
 
   def run_segment(carry, stop_step: int, slots: int):
     """Decode steps [carry's i, stop_step) over a cache of ``slots`` slots."""
+    # The slots' tokens: the prompt's, then token j - 1 of the completion at slot Tp + j - 1,
+    # at position next_pos + j - 1; a slot is valid once written.
     slot = jnp.arange(slots)
-    prompt_slots = jnp.pad(prompt_mask, ((0, 0), (0, slots - tp)))  # [B, slots]
+    k_pos = jnp.where(slot < tp, jnp.pad(prompt.pos, ((0, 0), (0, slots - tp))),
+                      next_pos[:, None] + slot - tp)  # [B, slots]
+    prompt_slots = jnp.pad(prompt_mask, ((0, 0), (0, slots - tp)))
 
     def cond(carry):
       i, _, done, *_ = carry
@@ -325,10 +329,11 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompt_tokens: jax.Array,
       i, token, done, tokens, logps, plogps, stopped, cache = carry
       # Feed token i-1 (written at slot Tp + i - 1), then sample token i.
       write = tp + i - 1
-      attn = (prompt_slots | ((slot >= tp) & (slot <= write))[None, :])[:, None, :]
+      keys = attention.Tokens(k_pos, prompt_slots | ((slot >= tp) & (slot <= write))[None, :])
       pos = (next_pos + i - 1)[:, None]
       rope_cs = jax.tree.map(lambda table: jnp.take(table[0], pos, axis=0), rope_all)
-      h, cache = model.hidden(token[:, None], pos, attn, cache, write, rope_cs)
+      h, cache = model.hidden(token[:, None], attention.Tokens(pos, jnp.ones_like(pos, bool)),
+                              cache, write, rope_cs, k_tok=keys)
       logits = model.logits(h[:, 0])
       token, done, tokens, logps, plogps, stopped = emit(
           i, logits, done, tokens, logps, plogps, stopped)

@@ -436,9 +436,8 @@ def _sort_filter_logits(logits, *, temperature, top_k, top_p):
 
 
 def _hidden_inline_rope(orig):
-  def hidden(self, tokens, positions, attn_mask, cache=None, cache_index=0, rope_cs=None,
-             **kwargs):
-    return orig(self, tokens, positions, attn_mask, cache, cache_index, None, **kwargs)
+  def hidden(self, tokens, q_tok, cache=None, cache_index=0, rope_cs=None, **kwargs):
+    return orig(self, tokens, q_tok, cache, cache_index, None, **kwargs)
   return hidden
 
 

@@ -1,8 +1,11 @@
-"""Attention for training passes (no KV cache), selectable by name: plain, blockwise or cuDNN.
+"""Attention: the one mask convention and the one grouped-query kernel of every path.
 
-``attend(q, k, v, *, q_pos, k_pos, scale, ...)`` computes grouped-query attention with the mask
-derived from token positions, validity and optional segment ids; it never takes a materialised
-[B, T, S] mask, so that the blockwise implementation can build the mask one tile at a time.
+Every pass of ``rlpost.models.transformer`` (training and scoring, packed rows, the sampler's
+prefill and cached decode) describes its queries and keys by ``Tokens``: positions, validity and
+optional segment ids, one entry per token. ``visible`` turns a pair of them into the mask; no
+caller builds a mask of its own. ``attend`` is the uncached pass, selectable by name (plain,
+blockwise or cuDNN); ``grouped`` is the plain kernel, which ``attend`` and the cached decode
+step (keys and values in the cache's layout) share.
 
 Shapes (the legend of ``rlpost.models.transformer``):
   q [B, T, H, D]; k, v [B, S, K, D] with H % K == 0 (query head h reads key/value head
@@ -14,18 +17,22 @@ Visibility: key s is visible to query t iff
   and k_pos[b, s] <= q_pos[b, t]                     (causal by position)
   and q_pos[b, t] - k_pos[b, s] < window             (only with ``window``)
   and q_seg[b, t] == k_seg[b, s]                     (only with segment ids: packed rows)
-Positions restart per segment in a packed row; the segment test keeps rows apart.
+Positions restart per segment in a packed row; the segment test keeps rows apart. Causality by
+position, not by slot, is what lets a padded row (left or right) see exactly what its unpadded
+version sees, and the sampler's cache slots carry the positions of the tokens written there.
 
-Rows with no visible key (padded queries, or a query whose keys are all padding) give an output
-of exactly **zero** and zero gradients in every implementation: finite, never NaN. (The plain
-softmax over a fully masked row would be uniform over all S keys; the blockwise pass has no
-meaningful "all keys" once S is padded to whole blocks, so both use zero.)
+Padded rows: a query with no visible key (a padding token, or a query whose keys are all
+padding) gets an output of exactly **zero** and zero gradients, in every implementation and
+pass: finite, never NaN. (A softmax over a fully masked row would be uniform over all S keys;
+the blockwise pass has no meaningful "all keys" once S is padded to whole blocks.) In the
+model's self-attention every valid query sees at least itself, so exactly the padding tokens
+get zero.
 
 Implementations (``impl``):
-  "xla"        the reference: materialises the [B, H, T, S] float32 scores. Numerics exactly as
-               ``transformer.Attention`` computes them: scores einsum accumulated in float32,
-               masked with a large finite negative value, float32 softmax, probabilities cast to
-               the input dtype before the p.v einsum. Memory O(B H T S).
+  "xla"        ``grouped``: materialises the [B, H, T, S] float32 scores. Scores einsum
+               accumulated in float32, masked with a large finite negative value, float32
+               softmax, probabilities cast to the input dtype (and zeroed where masked) before
+               the p.v einsum. Memory O(B H T S).
   "blockwise"  online-softmax (flash-attention) forward over [block_q, block_k] tiles with
                ``jax.lax`` loops, and a ``jax.custom_vjp`` backward (FlashAttention-2, Dao 2023,
                arXiv:2307.08691, Alg. 2) that recomputes each tile's scores from q, k, v and the
@@ -35,11 +42,11 @@ Implementations (``impl``):
                (``lax.cond``), so a causal pass does about half the tile work. Scores, running
                max, denominators and accumulators are float32 for any input dtype; the
                probabilities and dS tiles are cast to the input dtype for their matmuls (like
-               the reference's p.v einsum).
+               the plain kernel's p.v einsum).
   "cudnn"      ``jax.nn.dot_product_attention(implementation="cudnn")``, GPUs only (a
                ValueError elsewhere). cuDNN's fused kernel takes the mask as an additive bias,
                so this path materialises a [B, 1, T, S] bias in q's dtype (2 bytes per pair for
-               bfloat16, against 4 H bytes per pair for the reference's float32 scores).
+               bfloat16, against 4 H bytes per pair for the plain kernel's float32 scores).
 """
 
 from __future__ import annotations
@@ -64,16 +71,45 @@ BLOCK_K = 512
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
-def visible(q_pos, k_pos, q_valid, k_valid, q_seg=None, k_seg=None, window=None) -> jax.Array:
+class Tokens(NamedTuple):
+  """What the mask needs of one token axis: pos [B, N] int32, valid [B, N] bool and, for
+  packed rows, seg [B, N] int32 (None: one segment per row)."""
+  pos: jax.Array
+  valid: jax.Array
+  seg: jax.Array | None = None
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+  """Positions of valid tokens counted from 0 within each row; padding gets the last position.
+
+  mask: [B, T] bool -> [B, T] int32. Padded rows therefore see the same positions as their
+  unpadded versions, whether they are left- or right-padded.
+  """
+  return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def padded(mask: jax.Array) -> Tokens:
+  """The ``Tokens`` of padded rows, mask [B, T] bool (True for real tokens, any layout)."""
+  mask = mask.astype(bool)
+  return Tokens(positions_from_mask(mask), mask)
+
+
+def packed(positions: jax.Array, segments: jax.Array) -> Tokens:
+  """The ``Tokens`` of packed rows: positions [B, T] restarting at 0 in every segment, segment
+  ids [B, T] int32 with 0 on padding."""
+  return Tokens(positions, segments > 0, segments)
+
+
+def visible(q: Tokens, k: Tokens, window=None) -> jax.Array:
   """The visibility mask [B, Tq, Sk] bool of the module docstring, for one tile or all of it.
 
-  q_pos, q_valid, q_seg: [B, Tq]; k_pos, k_valid, k_seg: [B, Sk]; segments both or neither.
+  Segments both or neither; ``window`` None, an int or an int32 scalar (traced, per layer).
   """
-  mask = (k_pos[:, None, :] <= q_pos[:, :, None]) & q_valid[:, :, None] & k_valid[:, None, :]
+  mask = (k.pos[:, None, :] <= q.pos[:, :, None]) & q.valid[:, :, None] & k.valid[:, None, :]
   if window is not None:
-    mask &= q_pos[:, :, None] - k_pos[:, None, :] < window
-  if q_seg is not None:
-    mask &= q_seg[:, :, None] == k_seg[:, None, :]
+    mask &= q.pos[:, :, None] - k.pos[:, None, :] < window
+  if q.seg is not None:
+    mask &= q.seg[:, :, None] == k.seg[:, None, :]
   return mask
 
 
@@ -116,34 +152,42 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos: jax.Array, k_pos:
   k_valid = jnp.ones((b, s), bool) if k_valid is None else k_valid
   chex.assert_shape([q_pos, q_valid] + ([] if q_seg is None else [q_seg]), (b, t))
   chex.assert_shape([k_pos, k_valid] + ([] if k_seg is None else [k_seg]), (b, s))
+  qt, kt = Tokens(q_pos, q_valid, q_seg), Tokens(k_pos, k_valid, k_seg)
   if impl == "blockwise":
     for name, size in (("block_q", block_q), ("block_k", block_k)):
       if not isinstance(size, int) or size < 1:
         raise ValueError(f"attend: {name} must be a positive int, got {size!r}")
-    return _blockwise(q, k, v, _Tokens(q_pos, q_valid, q_seg), _Tokens(k_pos, k_valid, k_seg),
-                      float(scale), window, min(block_q, t), min(block_k, s))
-  mask = visible(q_pos, k_pos, q_valid, k_valid, q_seg, k_seg, window)  # [B, T, S]
+    return _blockwise(q, k, v, qt, kt, float(scale), window, min(block_q, t), min(block_k, s))
+  mask = visible(qt, kt, window)  # [B, T, S]
   if impl == "xla":
-    out = _xla(q, k, v, mask, scale)
-  else:
-    out = _cudnn(q, k, v, mask, scale)
+    return grouped(q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask, scale)
+  out = _cudnn(q, k, v, mask, scale)
   return jnp.where(mask.any(-1)[:, :, None, None], out, 0).astype(q.dtype)
 
 
-def _xla(q, k, v, mask, scale):
-  """The reference, op for op as ``transformer.Attention`` (grouped [B, K, G*T, D] layout)."""
+def grouped(q: jax.Array, kt: jax.Array, vt: jax.Array, mask: jax.Array,
+            scale: float) -> jax.Array:
+  """The plain grouped-query kernel, on keys and values in the KV cache's layout.
+
+  q [B, T, H, D]; kt [B, K, D, S] (slots minor); vt [B, K, S, D]; mask [B, T, S] bool from
+  ``visible``. Returns [B, T, H, D] in q's dtype, zero on rows without a visible key. Queries
+  are grouped by the key/value head they share, [B, K, G*T, D] (G = H / K), so each head's
+  keys are read once per group; scores and softmax in float32.
+  """
   b, t, h, d = q.shape
-  kh = k.shape[2]
+  kh = kt.shape[1]
   g = h // kh
-  kt = k.transpose(0, 2, 3, 1)  # [B, K, D, S]
-  vt = v.transpose(0, 2, 1, 3)  # [B, K, S, D]
   qg = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, d)
-  scores = jnp.einsum("bkqd,bkds->bkqs", qg, kt, preferred_element_type=jnp.float32) * scale
+  scores = jnp.einsum("bkqd,bkds->bkqs", qg, kt.astype(q.dtype),
+                      preferred_element_type=jnp.float32) * scale
   scores = scores.reshape(b, kh, g, t, -1)
-  scores = jnp.where(mask[:, None, None, :, :], scores, MASK_VALUE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+  mask = mask[:, None, None, :, :]
+  scores = jnp.where(mask, scores, MASK_VALUE)
+  # Masked probabilities are exactly 0 already unless the whole row is masked: then the
+  # softmax is uniform, and the select makes the row's output 0.
+  probs = jnp.where(mask, jax.nn.softmax(scores, axis=-1).astype(q.dtype), 0)
   probs = probs.reshape(b, kh, g * t, -1)
-  out = jnp.einsum("bkqs,bksd->bkqd", probs, vt)  # [B, K, G*T, D]
+  out = jnp.einsum("bkqs,bksd->bkqd", probs, vt.astype(q.dtype))  # [B, K, G*T, D]
   return out.reshape(b, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
@@ -162,13 +206,6 @@ def _cudnn(q, k, v, mask, scale):
 # token metadata [n, B, block]; the leading block axis is what the lax loops index.
 
 
-class _Tokens(NamedTuple):
-  """Per-token mask inputs: positions int32, validity bool, segment ids int32 or None."""
-  pos: jax.Array
-  valid: jax.Array
-  seg: jax.Array | None
-
-
 def _to_blocks(x: jax.Array, block: int) -> jax.Array:
   """[B, N, ...] -> [ceil(N / block), B, block, ...], the tail padded with zeros (False)."""
   n = x.shape[1]
@@ -177,13 +214,13 @@ def _to_blocks(x: jax.Array, block: int) -> jax.Array:
   return jnp.moveaxis(x.reshape(x.shape[0], nb, block, *x.shape[2:]), 1, 0)
 
 
-def _token_blocks(tok: _Tokens, block: int) -> _Tokens:
+def _token_blocks(tok: Tokens, block: int) -> Tokens:
   # Without segment ids every token is in segment 0: one code path, one extra compare per tile.
   seg = jnp.zeros_like(tok.pos) if tok.seg is None else tok.seg
-  return _Tokens(*(_to_blocks(x, block) for x in (tok.pos, tok.valid, seg)))
+  return Tokens(*(_to_blocks(x, block) for x in (tok.pos, tok.valid, seg)))
 
 
-def _blockwise(q, k, v, q_tok: _Tokens, k_tok: _Tokens, scale, window, bq, bk):
+def _blockwise(q, k, v, q_tok: Tokens, k_tok: Tokens, scale, window, bq, bk):
   b, t, h, d = q.shape
   kh = k.shape[2]
   qb = _to_blocks(q.reshape(b, t, kh, h // kh, d), bq).transpose(0, 1, 3, 4, 2, 5)
@@ -195,10 +232,9 @@ def _blockwise(q, k, v, q_tok: _Tokens, k_tok: _Tokens, scale, window, bq, bk):
   return out[:, :t]
 
 
-def _tile(qm: _Tokens, km: _Tokens, window) -> jax.Array:
+def _tile(qm: Tokens, km: Tokens, window) -> jax.Array:
   """Visibility of one tile, [B, 1, 1, bq, bk] (broadcasts over K and G)."""
-  mask = visible(qm.pos, km.pos, qm.valid, km.valid, qm.seg, km.seg, window)
-  return mask[:, None, None]
+  return visible(qm, km, window)[:, None, None]
 
 
 def _scores(q_i, k_j, scale):

@@ -6,10 +6,10 @@ fewer than its W = Tp + N slots. ``pack`` moves every row's real tokens, contigu
 order, into P packed rows ("bins") of ``bin_rows`` x W slots (first-fit decreasing over the row
 lengths), with
 segment ids (row index + 1; 0 on padding) and positions restarting at 0 in every segment: the
-positions ``transformer.positions_from_mask`` gives the row's valid tokens in the padded layout.
+positions ``attention.positions_from_mask`` gives the row's valid tokens in the padded layout.
 The decoder then runs over P x bin_rows x W slots instead of R x W, each query attending only
-to earlier tokens of its own segment (``transformer.segment_mask``; segment ids in
-``attention.attend``), so every token sees exactly the context it sees in the padded layout.
+to earlier tokens of its own segment (``attention.packed`` tokens, the segment test of
+``attention.visible``), so every token sees exactly the context it sees in the padded layout.
 Bins wider than one row (``bin_rows`` = 2, the default) let rows longer than W / 2 pair with
 shorter ones; the price is attention over the wider bin (the "xla" implementation computes all
 of a bin's [bin_rows W]^2 scores, "blockwise" skips tiles that no segment spans).
@@ -46,6 +46,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
+from rlpost.models import attention
 from rlpost.models import transformer as tfm
 from rlpost.objectives import LossParts
 
@@ -133,8 +134,8 @@ def bucket_rows(num_rows: int, buckets: Sequence[float], bin_rows: int = 1) -> t
 
 def packed_hidden(model: tfm.Transformer, packed: Packed, *, remat: bool = False) -> jax.Array:
   """Final-norm hidden states [R, N, E] predicting each completion token, from packed rows."""
-  h, _ = model.hidden(packed.tokens, packed.positions, tfm.segment_mask(packed.segments),
-                      remat=remat, segments=packed.segments)  # [P, W, E]
+  h, _ = model.hidden(packed.tokens, attention.packed(packed.positions, packed.segments),
+                      remat=remat)  # [P, W, E]
   return h.reshape(-1, h.shape[-1])[packed.select]
 
 

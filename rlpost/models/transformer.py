@@ -20,13 +20,14 @@ Shape legend used throughout:
   B batch, T tokens in this call, S cache slots, H query heads, K key/value heads (H % K == 0),
   D head dim, E hidden size, F MLP hidden size, V vocabulary.
 
-The model call is ``(tokens [B,T], positions [B,T], attn_mask [B,T,S], cache, cache_index)
--> (logits [B,T,V] float32, cache)``. Positions are explicit so that padded prompts (left or
-right) see exactly the positions of their unpadded version. Sliding-window layers additionally
-mask keys whose position is ``sliding_window`` or more before the query's, where a key's
-position is its rank among the keys that the last query row of ``attn_mask`` sees (the
-positions ``positions_from_mask`` and the sampler give); the cache keeps every slot. The cache is a plain pytree that
-travels through ``jit`` and ``lax.while_loop``; ``nnx.split`` turns the module into a
+The model call is ``(tokens [B,T], q_tok, cache, cache_index, k_tok) -> (logits [B,T,V]
+float32, cache)``. ``q_tok`` (``attention.Tokens``) gives the tokens' positions and validity,
+and segment ids for packed rows; ``k_tok`` gives the cache slots' when there is a cache.
+Positions are explicit so that padded prompts (left or right) see exactly the positions of
+their unpadded version. Which key a query sees, the sliding window included, is decided by
+``attention.visible`` from these alone, on every path (the mask convention and the padded-row
+rule are in ``rlpost.models.attention``); the cache keeps every slot. The cache is a plain
+pytree that travels through ``jit`` and ``lax.while_loop``; ``nnx.split`` turns the module into a
 ``(graphdef, params)`` pair whose params are an ordinary jit argument.
 
 Layer storage (``stacked_layers``): ``Transformer.layers`` is a list of ``Block``s, or one
@@ -48,7 +49,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlpost.models import attention as attention_lib
-from rlpost.models.attention import MASK_VALUE  # finite: a fully masked row stays finite
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -380,13 +380,14 @@ class Attention(nnx.Module):
       self.q_norm = _norm(cfg, d, rngs)
       self.k_norm = _norm(cfg, d, rngs)
 
-  def __call__(self, x, positions, attn_mask, cache: LayerCache | None, cache_index,
+  def __call__(self, x, q_tok: attention_lib.Tokens, cache: LayerCache | None, cache_index,
                rope_cs: tuple[jax.Array, jax.Array] | None = None, window=None,
-               segments: jax.Array | None = None):
-    """``window``: this layer's sliding window for ``cfg.attention`` other than "xla" (whose
-    window is already in ``attn_mask``); an int, an int32 scalar, or None. ``segments``: [B, T]
-    int32 segment ids of packed rows (0: padding), uncached passes only; the "xla" path reads
-    the segments from ``attn_mask`` (``segment_mask``), the others from these ids."""
+               k_tok: attention_lib.Tokens | None = None):
+    """x [B, T, E] with its tokens' ``q_tok``. Uncached: the keys are the same tokens, through
+    ``attention.attend`` by ``cfg.attention``. Cached: this call's keys and values are written
+    at slot ``cache_index`` and the queries attend over every slot, whose tokens ``k_tok``
+    [B, S] describes, through the shared plain kernel. ``window``: this layer's sliding
+    window (None, an int or an int32 scalar)."""
     cfg = self.cfg
     b, t, _ = x.shape
     h, k_heads, d = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
@@ -394,40 +395,22 @@ class Attention(nnx.Module):
     k = _linear(self.k_proj, x).reshape(b, t, k_heads, d)
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
-    q = rope(q, positions, cfg.rope_theta, cfg.rope_scaling, tables=rope_cs)
-    k = rope(k, positions, cfg.rope_theta, cfg.rope_scaling, tables=rope_cs)
+    q = rope(q, q_tok.pos, cfg.rope_theta, cfg.rope_scaling, tables=rope_cs)
+    k = rope(k, q_tok.pos, cfg.rope_theta, cfg.rope_scaling, tables=rope_cs)
     v = _linear(self.v_proj, x).reshape(b, t, k_heads, d)
     scale = (cfg.query_pre_attn_scalar if cfg.query_pre_attn_scalar is not None else d) ** -0.5
-    if cache is None and cfg.attention != "xla":
-      # The mask from positions (causal) and the validity of the tokens, which for the masks
-      # ``causal_padding_mask`` makes is the last query row's.
-      if segments is None:
-        valid, seg = attn_mask[:, -1, :], None
-      else:
-        valid, seg = segments > 0, segments
-      out = attention_lib.attend(q, k, v, q_pos=positions, k_pos=positions, q_valid=valid,
-                                 k_valid=valid, q_seg=seg, k_seg=seg, scale=scale,
-                                 window=window, impl=cfg.attention)
-      return _linear(self.o_proj, out.reshape(b, t, h * d)), None
-    k = k.transpose(0, 2, 3, 1)  # [B, K, D, T]
-    v = v.transpose(0, 2, 1, 3)  # [B, K, T, D]
-    if cache is not None:
-      k = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), (0, 0, 0, cache_index))
-      v = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), (0, 0, cache_index, 0))
-      cache = LayerCache(k, v)
-    k = k.astype(x.dtype)  # [B, K, D, S]
-    v = v.astype(x.dtype)  # [B, K, S, D]
-    # Queries grouped by the key/value head they share: [B, K, H/K * T, D].
-    qg = q.reshape(b, t, k_heads, h // k_heads, d).transpose(0, 2, 3, 1, 4)
-    qg = qg.reshape(b, k_heads, (h // k_heads) * t, d)
-    scores = jnp.einsum("bkqd,bkds->bkqs", qg, k, preferred_element_type=jnp.float32) * scale
-    scores = scores.reshape(b, k_heads, h // k_heads, t, -1)
-    scores = jnp.where(attn_mask[:, None, None, :, :], scores, MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    probs = probs.reshape(b, k_heads, (h // k_heads) * t, -1)
-    out = jnp.einsum("bkqs,bksd->bkqd", probs, v)  # [B, K, G*T, D]
-    out = out.reshape(b, k_heads, h // k_heads, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h * d)
-    return _linear(self.o_proj, out), cache
+    if cache is None:
+      out = attention_lib.attend(q, k, v, q_pos=q_tok.pos, k_pos=q_tok.pos, q_valid=q_tok.valid,
+                                 k_valid=q_tok.valid, q_seg=q_tok.seg, k_seg=q_tok.seg,
+                                 scale=scale, window=window, impl=cfg.attention)
+    else:
+      kt = jax.lax.dynamic_update_slice(cache.k, k.transpose(0, 2, 3, 1).astype(cache.k.dtype),
+                                        (0, 0, 0, cache_index))  # [B, K, D, S]
+      vt = jax.lax.dynamic_update_slice(cache.v, v.transpose(0, 2, 1, 3).astype(cache.v.dtype),
+                                        (0, 0, cache_index, 0))  # [B, K, S, D]
+      cache = LayerCache(kt, vt)
+      out = attention_lib.grouped(q, kt, vt, attention_lib.visible(q_tok, k_tok, window), scale)
+    return _linear(self.o_proj, out.reshape(b, t, h * d)), cache
 
 
 class MLP(nnx.Module):
@@ -459,10 +442,8 @@ class Block(nnx.Module):
       self.attn_out_norm = _norm(cfg, cfg.hidden_size, rngs)
       self.mlp_out_norm = _norm(cfg, cfg.hidden_size, rngs)
 
-  def __call__(self, x, positions, attn_mask, cache, cache_index, rope_cs=None, window=None,
-               segments=None):
-    a, cache = self.attn(self.input_norm(x), positions, attn_mask, cache, cache_index, rope_cs,
-                         window, segments)
+  def __call__(self, x, q_tok, cache, cache_index, rope_cs=None, window=None, k_tok=None):
+    a, cache = self.attn(self.input_norm(x), q_tok, cache, cache_index, rope_cs, window, k_tok)
     x = x + (self.attn_out_norm(a) if self.sandwich else a)
     m = self.mlp(self.post_attn_norm(x))
     x = x + (self.mlp_out_norm(m) if self.sandwich else m)
@@ -494,14 +475,15 @@ class Transformer(nnx.Module):
       tables += (rope_tables(positions, cfg.resolved_head_dim, cfg.local_rope_theta),)
     return tables
 
-  def hidden(self, tokens, positions, attn_mask, cache: KVCache | None = None, cache_index=0,
-             rope_cs: RopeTables | None = None, select: jax.Array | None = None,
-             remat: bool = False, segments: jax.Array | None = None):
+  def hidden(self, tokens, q_tok: attention_lib.Tokens, cache: KVCache | None = None,
+             cache_index=0, rope_cs: RopeTables | None = None, select: jax.Array | None = None,
+             remat: bool = False, k_tok: attention_lib.Tokens | None = None):
     """Final-norm hidden states [B, T, E] and the updated cache.
 
-    ``segments``: for packed rows (uncached passes only), [B, T] int32 segment ids, 0 on
-    padding; ``attn_mask`` is then ``segment_mask(segments)`` and ``positions`` restart at 0
-    in every segment (``rlpost.models.packing``).
+    ``q_tok``: the tokens' positions, validity and (packed rows) segment ids
+    (``attention.padded(mask)``, ``attention.packed(positions, segments)``). Without a cache
+    the keys are the same tokens; with one, ``k_tok`` [B, S] describes the cache's slots after
+    this call's write at ``cache_index``.
 
     ``select``: optionally slots [B, N] int32; then only those positions are normed and
     returned, [B, N, E] (what a caller that scores N tokens per row needs; the final norm is
@@ -510,41 +492,34 @@ class Transformer(nnx.Module):
     per layer) instead of keeping them: activation memory of one layer instead of L, for about
     one more forward pass of compute. Only without a cache (training passes).
 
-    ``rope_cs``: optionally ``self.rope_tables(positions)``, e.g. gathered from a table that a
+    ``rope_cs``: optionally ``self.rope_tables(q_tok.pos)``, e.g. gathered from a table that a
     decode loop computed once before the loop. Otherwise computed here. (XLA fuses cos/sin into
     each layer's q and k rotation and evaluates them per output element there: a few percent
     of a CPU decode step, see BENCHMARKS.md.)
     """
-    chex.assert_rank([tokens, positions, attn_mask], [2, 2, 3])
+    chex.assert_rank([tokens, q_tok.pos, q_tok.valid], 2)
     cfg = self.cfg
+    if cache is not None and (k_tok is None or q_tok.seg is not None):
+      raise ValueError("Transformer.hidden: a cached pass needs k_tok (the cache slots' tokens) "
+                       "and takes no segment ids")
     x = self.embed(tokens)
     if cfg.embed_scale:
       x = x * jnp.asarray(cfg.hidden_size ** 0.5, cfg.params_dtype).astype(x.dtype)
     if rope_cs is None:
-      rope_cs = self.rope_tables(positions)
-    # Uncached passes of the other implementations take the window as a number instead.
-    masked_window = cfg.windowed and (cache is not None or cfg.attention == "xla")
-    if segments is not None and cache is not None:
-      raise ValueError("Transformer.hidden: segments (packed rows) need an uncached pass")
-    # Without a cache the keys are the queries' own tokens, so their positions are known; the
-    # sampler's cached keys take theirs from the mask.
-    masks = (attn_mask, window_mask(attn_mask, positions, cfg.sliding_window,
-                                    key_positions=positions if cache is None else None)
-             if masked_window else attn_mask)
+      rope_cs = self.rope_tables(q_tok.pos)
     local = cfg.sliding_layers
     tables = (rope_cs[0], rope_cs[-1])  # (global, sliding layers')
-
     windows = (None, cfg.sliding_window if cfg.windowed else None)
 
     def inputs(is_local):
-      """(mask, rope tables, window) of a layer: by a Python bool, or a traced one inside the
-      scan (where a full layer's window is one longer than any sequence)."""
+      """(rope tables, window) of a layer: by a Python bool, or a traced one inside the scan
+      (where a full layer's window is one longer than any sequence)."""
       if isinstance(is_local, bool):
-        return masks[is_local], tables[is_local], windows[is_local]
+        return tables[is_local], windows[is_local]
       pick = lambda g, s: jnp.where(is_local, s, g)  # noqa: E731
       window = None if windows[1] is None else pick(jnp.int32(cfg.max_seq_len + 1),
                                                      jnp.int32(windows[1]))
-      return pick(*masks), jax.tree.map(pick, *tables), window
+      return jax.tree.map(pick, *tables), window
 
     new_cache = []
     if cache is None and (remat or cfg.stacked_layers):
@@ -558,17 +533,16 @@ class Transformer(nnx.Module):
 
       def run(x, xs):
         state, is_local = xs
-        mask, cs, window = inputs(is_local if mixed else local[0])
-        return nnx.merge(graphdef, state)(x, positions, mask, None, cache_index, cs,
-                                          window, segments)[0], None
+        cs, window = inputs(is_local if mixed else local[0])
+        return nnx.merge(graphdef, state)(x, q_tok, None, cache_index, cs, window)[0], None
 
       x, _ = jax.lax.scan(jax.checkpoint(run) if remat else run, x,
                           (stacked, jnp.asarray(local)))
     else:
       for i in range(cfg.num_layers):
-        mask, cs, window = inputs(local[i])
-        x, c = self.layer(i)(x, positions, mask, None if cache is None else cache[i],
-                             cache_index, cs, window, segments)
+        cs, window = inputs(local[i])
+        x, c = self.layer(i)(x, q_tok, None if cache is None else cache[i], cache_index, cs,
+                             window, k_tok)
         new_cache.append(c)
     if select is not None:
       x = jnp.take_along_axis(x, select[..., None], axis=1)
@@ -598,8 +572,9 @@ class Transformer(nnx.Module):
       out = _linear(self.lm_head, h)
     return _softcap(out.astype(jnp.float32), self.cfg.final_logit_softcap)
 
-  def __call__(self, tokens, positions, attn_mask, cache: KVCache | None = None, cache_index=0):
-    h, cache = self.hidden(tokens, positions, attn_mask, cache, cache_index)
+  def __call__(self, tokens, q_tok: attention_lib.Tokens, cache: KVCache | None = None,
+               cache_index=0, k_tok: attention_lib.Tokens | None = None):
+    h, cache = self.hidden(tokens, q_tok, cache, cache_index, k_tok=k_tok)
     return self.logits(h), cache
 
 
@@ -629,52 +604,13 @@ def with_layers_stacked(model: Transformer, stacked: bool = True) -> Transformer
   return new
 
 
-def window_mask(attn_mask: jax.Array, positions: jax.Array, window: int,
-                key_positions: jax.Array | None = None) -> jax.Array:
-  """``attn_mask`` [B, T, S] less the keys ``window`` or more positions before their query.
-
-  positions: [B, T] of the queries. key_positions: [B, S] of the keys; None: a key's position
-  is its rank among the keys the last query row sees (``attn_mask[:, -1]``), which is the
-  position ``positions_from_mask`` gives every valid key of a causal padding mask and the
-  position of the sampler's prompt and decode slots.
-  """
-  keys = (jnp.cumsum(attn_mask[:, -1, :].astype(jnp.int32), axis=-1) - 1
-          if key_positions is None else key_positions)  # [B, S]
-  return attn_mask & (positions[:, :, None] - keys[:, None, :] < window)
-
-
-def segment_mask(segments: jax.Array) -> jax.Array:
-  """Attention mask [B, T, T] of packed rows: query i sees key j iff j <= i and both are in
-  the same segment (segments [B, T] int32, 0 = padding, which sees nothing)."""
-  t = segments.shape[-1]
-  causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-  same = segments[:, :, None] == segments[:, None, :]
-  return causal[None] & same & (segments > 0)[:, None, :]
-
-
-def positions_from_mask(mask: jax.Array) -> jax.Array:
-  """Positions of valid tokens counted from 0 within each row; padding gets the last position.
-
-  mask: [B, T] bool -> [B, T] int32. Padded prompts therefore see the same positions as
-  their unpadded versions, whether they are left- or right-padded.
-  """
-  return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
-
-
-def causal_padding_mask(mask: jax.Array) -> jax.Array:
-  """Attention mask [B, T, T]: query i sees key j iff j <= i and token j is valid."""
-  t = mask.shape[-1]
-  causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-  return causal[None] & mask[:, None, :]
-
-
 def forward(model: Transformer, tokens: jax.Array, mask: jax.Array) -> jax.Array:
   """Full (uncached) forward pass over padded sequences.
 
   tokens: [B, T] int32; mask: [B, T] bool (True for real tokens, any padding layout).
   Returns logits [B, T, V] float32.
   """
-  logits, _ = model(tokens, positions_from_mask(mask), causal_padding_mask(mask))
+  logits, _ = model(tokens, attention_lib.padded(mask))
   return logits
 
 
@@ -718,8 +654,7 @@ def _completion_hidden(model: Transformer, prompt_tokens, prompt_mask, completio
   last = tp - 1 - jnp.argmax(prompt_mask[:, ::-1].astype(bool), axis=-1)  # [B]
   follow = jnp.broadcast_to(tp + jnp.arange(n - 1), (tokens.shape[0], n - 1))
   slots = jnp.concatenate([last[:, None], follow], axis=1)  # [B, N]
-  h, _ = model.hidden(tokens, positions_from_mask(mask), causal_padding_mask(mask), select=slots,
-                      remat=remat)
+  h, _ = model.hidden(tokens, attention_lib.padded(mask), select=slots, remat=remat)
   return h
 
 

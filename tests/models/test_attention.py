@@ -260,28 +260,44 @@ def test_blockwise_keeps_no_score_tiles_under_the_remat_scan():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_xla_is_the_transformer_attention(dtype):
-  """impl="xla" is ``transformer.Attention``'s computation, op for op: equal on every valid row
-  to within float rounding (two separately dispatched programs, so no bitwise claim)."""
+def test_cached_and_uncached_layer_share_the_kernel_and_the_padded_row_rule(dtype):
+  """``transformer.Attention`` over a cache (the sampler's prefill: keys and values written to
+  slots [B, K, D, S] / [B, K, S, D], the shared ``grouped`` kernel) equals the uncached layer
+  (``attend``, keys [B, S, K, D]) on every row: valid rows to within float rounding (two
+  layouts, so no bitwise claim), padded rows exactly zero in both."""
   cfg = tfm.TransformerConfig(vocab_size=11, hidden_size=32, num_layers=1, num_heads=4,
                               num_kv_heads=2, intermediate_size=8, qkv_bias=True, dtype=dtype)
   layer = tfm.Attention(cfg, rngs=nnx.Rngs(0))
   x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 37, 32)), cfg.compute_dtype)
   pos, valid = _padded_tokens(37)
-  ref, _ = layer(x, pos, tfm.causal_padding_mask(valid), None, 0)
-  b, t, h, kh, d = 2, 37, 4, 2, 8
-  q = tfm.rope(tfm._linear(layer.q_proj, x).reshape(b, t, h, d), pos, cfg.rope_theta)
-  k = tfm.rope(tfm._linear(layer.k_proj, x).reshape(b, t, kh, d), pos, cfg.rope_theta)
-  v = tfm._linear(layer.v_proj, x).reshape(b, t, kh, d)
-  out = attention.attend(q, k, v, q_pos=pos, k_pos=pos, q_valid=valid, k_valid=valid,
-                         scale=d ** -0.5, impl="xla")
-  got = tfm._linear(layer.o_proj, out.reshape(b, t, h * d))
+  tok = attention.Tokens(pos, valid)
+  # The o_proj bias is 0 and the layer is linear in attention's output: padded rows stay 0.
+  plain, none = layer(x, tok, None, 0)
+  cache = tfm.init_cache(cfg, 2, 37)[0]
+  cached, new = layer(x, tok, cache, 0, k_tok=tok)
+  assert none is None and new.k.shape == (2, 2, 8, 37) and new.v.shape == (2, 2, 37, 8)
   rows = np.asarray(valid)
-  assert np.abs(np.asarray(ref, np.float32)[rows]).max() > 0.01  # outputs of order 0.04
+  f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
+  assert np.abs(f32(plain)[rows]).max() > 0.01  # outputs of order 0.04
+  np.testing.assert_array_equal(f32(plain)[~rows], 0.0)
+  np.testing.assert_array_equal(f32(cached)[~rows], 0.0)
   # Tolerances: a few ulps of float32, one bfloat16 ulp at the outputs' scale.
-  rtol, atol = (1e-6, 1e-8) if dtype == "float32" else (1e-2, 2e-4)
-  np.testing.assert_allclose(np.asarray(got, np.float32)[rows],
-                             np.asarray(ref, np.float32)[rows], rtol=rtol, atol=atol)
+  rtol, atol = (1e-6, 1e-7) if dtype == "float32" else (1e-2, 2e-4)
+  np.testing.assert_allclose(f32(cached)[rows], f32(plain)[rows], rtol=rtol, atol=atol)
+
+
+def test_visible_is_the_one_mask():
+  """The sampler's decode step and a window: ``visible`` of slot tokens (prompt slots, then
+  completion slots at the next positions, valid once written) is causal by position."""
+  q = attention.Tokens(jnp.array([[4]]), jnp.array([[True]]))
+  k = attention.Tokens(jnp.array([[0, 0, 1, 2, 3, 4, 5]]),
+                       jnp.array([[False, True, True, True, True, True, False]]))
+  np.testing.assert_array_equal(attention.visible(q, k)[0, 0], [0, 1, 1, 1, 1, 1, 0])
+  np.testing.assert_array_equal(attention.visible(q, k, window=3)[0, 0], [0, 0, 0, 1, 1, 1, 0])
+  seg = jnp.array([[1, 1, 1, 2, 2, 2, 2]])
+  qs = attention.Tokens(jnp.array([[1]]), jnp.array([[True]]), jnp.array([[2]]))
+  ks = attention.Tokens(jnp.array([[0, 1, 2, 0, 1, 2, 3]]), seg > 0, seg)
+  np.testing.assert_array_equal(attention.visible(qs, ks)[0, 0], [0, 0, 0, 1, 1, 0, 0])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -187,10 +187,9 @@ def test_window_cuts_and_remat_agrees():
   m = np.asarray(mask)
   assert np.abs(np.asarray(got - plain))[m].max() > 1e-3  # the window and local RoPE act
 
-  from rlpost.models.transformer import positions_from_mask, causal_padding_mask
-  pos, attn = positions_from_mask(mask), causal_padding_mask(mask)
-  looped, _ = model.hidden(tokens, pos, attn)
-  scanned, _ = model.hidden(tokens, pos, attn, remat=True)
+  from rlpost.models import attention
+  looped, _ = model.hidden(tokens, attention.padded(mask))
+  scanned, _ = model.hidden(tokens, attention.padded(mask), remat=True)
   np.testing.assert_allclose(np.asarray(scanned), np.asarray(looped), atol=1e-5)
 
 
