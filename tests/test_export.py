@@ -27,6 +27,7 @@ from rlpost import averaging, sampling  # noqa: E402
 from rlpost.cli import run_main  # noqa: E402
 from rlpost.models import hf  # noqa: E402
 from rlpost.models import transformer as tfm  # noqa: E402
+from rlpost.models import scoring  # noqa: E402
 from rlpost.tasks import base as task_base  # noqa: E402
 from rlpost.tasks import math_data  # noqa: E402
 from rlpost.tasks.tokenizer import CharTokenizer  # noqa: E402
@@ -105,7 +106,7 @@ def _hf_logits(model, ids: list[int]) -> np.ndarray:
 def _rlpost_logits(graphdef, params, ids: list[int]) -> np.ndarray:
   tokens = jnp.asarray([ids], jnp.int32)
   model = nnx.merge(graphdef, params)
-  return np.asarray(tfm.forward(model, tokens, jnp.ones_like(tokens, bool)))[0]
+  return np.asarray(scoring.forward(model, tokens, jnp.ones_like(tokens, bool)))[0]
 
 
 def _transformers(out):

@@ -10,6 +10,7 @@ from hypothesis import example, given, settings, strategies as st
 
 from rlpost import sampling
 from rlpost.models import transformer as tfm
+from rlpost.models import scoring
 
 CFG = tfm.TransformerConfig(vocab_size=61, hidden_size=32, num_layers=2, num_heads=4,
                             num_kv_heads=2, intermediate_size=64, qkv_bias=True, max_seq_len=64)
@@ -24,7 +25,7 @@ def model():
 
 def _full_logprobs(model, prompt_tokens, prompt_mask, out):
   """Policy log-probs and logits of the completion tokens from one uncached forward pass."""
-  return tfm.completion_logprobs(model, prompt_tokens, prompt_mask, out.tokens, out.mask,
+  return scoring.completion_logprobs(model, prompt_tokens, prompt_mask, out.tokens, out.mask,
                                  return_logits=True)
 
 
@@ -262,7 +263,7 @@ def test_decode_segments_do_not_change_results(model, temperature, stop):
     assert int(o.num_steps) == int(outs[0].num_steps)
     np.testing.assert_allclose(o.policy_logprobs, outs[0].policy_logprobs, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(o.logprobs, outs[0].logprobs, atol=1e-5, rtol=1e-5)
-  full = tfm.completion_logprobs(model, jnp.asarray(toks), jnp.asarray(mask), outs[-1].tokens,
+  full = scoring.completion_logprobs(model, jnp.asarray(toks), jnp.asarray(mask), outs[-1].tokens,
                                  outs[-1].mask)
   m = np.asarray(outs[-1].mask)
   np.testing.assert_allclose(np.asarray(outs[-1].policy_logprobs)[m], np.asarray(full)[m],

@@ -28,11 +28,11 @@ gives the placement for every bucket; a bucket fits iff it has at least as many 
 plan uses.
 
 The LM head runs on the [R, N] completion positions gathered from the packed hidden states, as
-in the padded pass (``transformer.scores_from_hidden``, with ``logits_chunk``).
+in the padded pass (``scoring.scores_from_hidden``, with ``logits_chunk``).
 
 Contract: completion masks are prefixes (a completion's valid tokens come first, as the sampler
 makes them), every row has at least one valid prompt token, and prompts may be padded on
-either side. Values equal ``transformer.completion_scores``: logp everywhere (0 where masked),
+either side. Values equal ``scoring.completion_scores``: logp everywhere (0 where masked),
 entropy where the completion mask is set.
 """
 
@@ -48,6 +48,7 @@ import jax.numpy as jnp
 
 from rlpost.models import attention
 from rlpost.models import transformer as tfm
+from rlpost.models import scoring
 from rlpost.objectives import LossParts
 
 
@@ -142,7 +143,7 @@ def packed_hidden(model: tfm.Transformer, packed: Packed, *, remat: bool = False
 def completion_scores(model: tfm.Transformer, prompt_tokens, prompt_mask, completion_tokens,
                       completion_mask, *, num_bins: int, bin_rows: int = 2,
                       entropy: bool = False, logits_chunk: int = 0, remat: bool = False):
-  """``transformer.completion_scores`` over the rows packed into ``num_bins`` bins of
+  """``scoring.completion_scores`` over the rows packed into ``num_bins`` bins of
   ``bin_rows`` rows, which must hold them (``Buckets.index`` picks such a bucket; rows past the
   last bin would be dropped).
 
@@ -150,7 +151,7 @@ def completion_scores(model: tfm.Transformer, prompt_tokens, prompt_mask, comple
   """
   packed = pack(prompt_tokens, prompt_mask, completion_tokens, completion_mask, num_bins,
                 bin_rows=bin_rows)
-  return tfm.scores_from_hidden(model, packed_hidden(model, packed, remat=remat),
+  return scoring.scores_from_hidden(model, packed_hidden(model, packed, remat=remat),
                                 completion_tokens, completion_mask, entropy=entropy,
                                 logits_chunk=logits_chunk)
 

@@ -46,6 +46,7 @@ from rlpost import objectives as obj
 from rlpost import sampling, sharding
 from rlpost.models import lora, packing
 from rlpost.models import transformer as tfm
+from rlpost.models import scoring
 from rlpost.rollouts import allocate
 from rlpost.tasks import base as task_base
 from rlpost.tasks.base import TaskArrays, host_reward  # noqa: F401  (re-exported)
@@ -469,7 +470,7 @@ def _policy_logp(tr: "Parts") -> Callable:
       return packing.completion_scores(model, prompts, pmask, tokens, tmask, num_bins=num_bins,
                                        bin_rows=cfg.pack_bin_rows, entropy=entropy,
                                        logits_chunk=cfg.logits_chunk, remat=cfg.remat)
-    return tfm.completion_scores(model, prompts, pmask, tokens, tmask, entropy=entropy,
+    return scoring.completion_scores(model, prompts, pmask, tokens, tmask, entropy=entropy,
                                  logits_chunk=cfg.logits_chunk, remat=cfg.remat)
   return fn
 

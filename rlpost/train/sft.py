@@ -22,6 +22,7 @@ from flax import nnx
 
 from rlpost import progress as progress_lib
 from rlpost.models import transformer as tfm
+from rlpost.models import scoring
 from rlpost.tasks.tokenizer import CharTokenizer
 from rlpost.train import checkpoint
 
@@ -70,7 +71,7 @@ def sft_loss(model: tfm.Transformer, tokens: jax.Array, loss_mask: jax.Array) ->
   """Mean next-token cross-entropy over supervised targets. tokens, loss_mask: [B, L]."""
   valid = tokens != 0
   valid = valid.at[:, 0].set(True)
-  logits = tfm.forward(model, tokens, valid)[:, :-1]
+  logits = scoring.forward(model, tokens, valid)[:, :-1]
   logp = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), tokens[:, 1:, None], -1)[..., 0]
   m = loss_mask[:, 1:]
   return -jnp.sum(jnp.where(m, logp, 0.0)) / jnp.maximum(jnp.sum(m), 1)

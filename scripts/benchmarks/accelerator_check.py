@@ -80,6 +80,7 @@ from experiments import full_size
 from rlpost import sampling, sharding
 from rlpost.models import attention as attention_lib
 from rlpost.models import transformer as tfm
+from rlpost.models import scoring
 from rlpost.models.policy import Policy
 from rlpost.rollouts import allocate
 from rlpost.tasks import base as task_base
@@ -251,7 +252,7 @@ def gradient_pass(graphdef, chunk: int):
   """The program ``scripts/benchmarks/full_memory.py`` plans: ``jax.grad`` of a policy-gradient
   loss over ``completion_scores`` with remat and the LM head in chunks."""
   def loss(w, pt, pm, ct, cm, adv):
-    logp, _ = tfm.completion_scores(nnx.merge(graphdef, w), pt, pm, ct, cm, logits_chunk=chunk,
+    logp, _ = scoring.completion_scores(nnx.merge(graphdef, w), pt, pm, ct, cm, logits_chunk=chunk,
                                     remat=True)
     return -jnp.sum(logp * adv) / jnp.maximum(jnp.sum(cm), 1)
   return jax.jit(jax.grad(loss))

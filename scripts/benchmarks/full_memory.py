@@ -90,6 +90,7 @@ from flax import nnx
 
 from experiments import full_size
 from rlpost.models import transformer as tfm
+from rlpost.models import scoring
 from scripts.benchmarks import roofline
 
 EXPERIMENTS = ("mc_grpo", "ace", "dars")
@@ -138,7 +139,7 @@ def analyse(policy: str, prompt: int, completion: int, rows: int, remat: bool, c
   merged = functools.partial(nnx.merge, graphdef)
 
   def loss(w, pt, pm, ct, cm, adv):
-    logp, _ = tfm.completion_scores(merged(w), pt, pm, ct, cm, logits_chunk=chunk, remat=remat)
+    logp, _ = scoring.completion_scores(merged(w), pt, pm, ct, cm, logits_chunk=chunk, remat=remat)
     return -jnp.sum(logp * adv) / jnp.maximum(jnp.sum(cm), 1)
 
   start = time.perf_counter()

@@ -76,6 +76,7 @@ def _median_ms(times):
 def run(args) -> dict:
   from rlpost.models import packing
   from rlpost.models import transformer as tfm
+  from rlpost.models import scoring
   from rlpost.tasks.tokenizer import CharTokenizer
 
   if args.quick:
@@ -95,7 +96,7 @@ def run(args) -> dict:
     def loss(p, num_bins, prompts, pmask, comp, cmask, adv):
       model = nnx.merge(graphdef, p)
       if num_bins is None:
-        logp, _ = tfm.completion_scores(model, prompts, pmask, comp, cmask)
+        logp, _ = scoring.completion_scores(model, prompts, pmask, comp, cmask)
       else:
         logp, _ = packing.completion_scores(model, prompts, pmask, comp, cmask,
                                             num_bins=num_bins, bin_rows=args.bin_rows)

@@ -16,6 +16,7 @@ from flax import nnx
 
 from rlpost.models import attention
 from rlpost.models import transformer as tfm
+from rlpost.models import scoring
 from scripts.benchmarks.attention_memory import attention_grad_memory
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
@@ -245,7 +246,7 @@ def test_blockwise_keeps_no_score_tiles_under_the_remat_scan():
     spec = jax.ShapeDtypeStruct
 
     def loss(p):
-      logp, _ = tfm.completion_scores(nnx.merge(graphdef, p), jnp.ones((1, 96), jnp.int32),
+      logp, _ = scoring.completion_scores(nnx.merge(graphdef, p), jnp.ones((1, 96), jnp.int32),
                                       jnp.ones((1, 96), bool), jnp.ones((1, 4000), jnp.int32),
                                       jnp.ones((1, 4000), bool), remat=remat)
       return jnp.sum(logp)
@@ -327,7 +328,7 @@ def test_model_blockwise_scores_and_gradients_equal_xla():
     graphdef, params = nnx.split(tfm.init_model(cfg.replace(attention=impl), seed=3))
 
     def loss(p):
-      logp, _ = tfm.completion_scores(nnx.merge(graphdef, p), prompts, pmask, comp, cmask,
+      logp, _ = scoring.completion_scores(nnx.merge(graphdef, p), prompts, pmask, comp, cmask,
                                       remat=remat)
       return jnp.sum(logp * weights), logp
     (_, logp), grads = jax.value_and_grad(loss, has_aux=True)(params)

@@ -21,8 +21,8 @@ pytest.importorskip("tokenizers")
 
 from rlpost import sampling  # noqa: E402
 from rlpost.models import hf  # noqa: E402
-from rlpost.models.transformer import (LinearRopeScaling, TransformerConfig,  # noqa: E402
-                                       completion_logprobs, forward, init_model)
+from rlpost.models.scoring import completion_logprobs, forward  # noqa: E402
+from rlpost.models.transformer import LinearRopeScaling, TransformerConfig, init_model  # noqa: E402
 from test_hf import _hf_logits, _hf_reload as _reload  # noqa: E402
 
 BASE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3,

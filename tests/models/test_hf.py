@@ -19,7 +19,8 @@ pytest.importorskip("tokenizers")
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from rlpost.models import hf  # noqa: E402
-from rlpost.models.transformer import (Llama3RopeScaling, TransformerConfig, forward,  # noqa: E402
+from rlpost.models.scoring import forward  # noqa: E402
+from rlpost.models.transformer import (Llama3RopeScaling, TransformerConfig,  # noqa: E402
                                        init_model, rope_inv_freq)
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

@@ -12,6 +12,7 @@ from flax import nnx
 
 from rlpost.models import lora
 from rlpost.models import transformer as tfm
+from rlpost.models import scoring
 
 CFG = tfm.TransformerConfig(vocab_size=48, hidden_size=32, num_layers=2, num_heads=4,
                             num_kv_heads=2, intermediate_size=48, max_seq_len=32, qkv_bias=True)
@@ -47,8 +48,8 @@ def test_zero_b_reproduces_the_base_logits_exactly(rank):
   assert max(min(m.in_features, m.out_features) for _, m in nnx.iter_graph(model)
              if isinstance(m, nnx.Linear)) == 32
   tokens, mask = _batch()
-  np.testing.assert_array_equal(np.asarray(tfm.forward(model, tokens, mask)),
-                                np.asarray(tfm.forward(base, tokens, mask)))
+  np.testing.assert_array_equal(np.asarray(scoring.forward(model, tokens, mask)),
+                                np.asarray(scoring.forward(base, tokens, mask)))
   # The adapters are there (and non-trivial: A is drawn), and their output is zero.
   a = [m.lora_a[...] for _, m in nnx.iter_graph(model) if isinstance(m, lora.Adapter)]
   assert len(a) == 7 * CFG.num_layers + 1 and all(float(jnp.std(x)) > 0 for x in a)
@@ -82,23 +83,23 @@ def test_merged_logits_equal_the_adapted_logits():
   base, model = _adapted(8)
   tokens, mask = _batch(1)
   _randomize_b(model)
-  adapted = np.asarray(tfm.forward(model, tokens, mask))
-  gap = np.max(np.abs(adapted - np.asarray(tfm.forward(base, tokens, mask))))
+  adapted = np.asarray(scoring.forward(model, tokens, mask))
+  gap = np.max(np.abs(adapted - np.asarray(scoring.forward(base, tokens, mask))))
   assert gap > 1e-2, gap  # precondition: the adapters change the logits
   graphdef, params = nnx.split(model)
   # The pure function: without the adapters (the base graph) and with them kept at B = 0.
   merged = lora.merge_params(params, scale=1.0)
-  np.testing.assert_allclose(np.asarray(tfm.forward(nnx.merge(nnx.split(base)[0], merged),
+  np.testing.assert_allclose(np.asarray(scoring.forward(nnx.merge(nnx.split(base)[0], merged),
                                                     tokens, mask)), adapted, atol=1e-5)
   kept = lora.merge_params(params, scale=1.0, keep_adapters=True)
-  np.testing.assert_allclose(np.asarray(tfm.forward(nnx.merge(graphdef, kept), tokens, mask)),
+  np.testing.assert_allclose(np.asarray(scoring.forward(nnx.merge(graphdef, kept), tokens, mask)),
                              adapted, atol=1e-5)
   assert not any(np.any(np.asarray(v[...]))
                  for p, v in nnx.to_flat_state(kept) if p[-1] == "lora_b")
   # In place on the module: an ordinary model of the base graph.
   lora.merge(model)
   assert nnx.split(model)[0] == nnx.split(base)[0]
-  np.testing.assert_allclose(np.asarray(tfm.forward(model, tokens, mask)), adapted, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(scoring.forward(model, tokens, mask)), adapted, atol=1e-5)
 
 
 def test_remat_scan_over_adapted_layers_gives_the_same_values_and_gradients():
@@ -110,7 +111,7 @@ def test_remat_scan_over_adapted_layers_gives_the_same_values_and_gradients():
 
   def loss(train, frozen, remat):
     m = nnx.merge(graphdef, lora.combine(train, jax.lax.stop_gradient(frozen)))
-    logp, _ = tfm.completion_scores(m, prompts, pmask, comp, cmask, remat=remat)
+    logp, _ = scoring.completion_scores(m, prompts, pmask, comp, cmask, remat=remat)
     return jnp.sum(logp)
 
   train, frozen = lora.partition(params, lora.trainable_mask(params))

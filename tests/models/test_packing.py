@@ -9,6 +9,7 @@ from flax import nnx
 
 from rlpost.models import packing
 from rlpost.models import transformer as tfm
+from rlpost.models import scoring
 
 
 def _rows(r=6, tp=7, n=9, seed=0, vocab=40, prompt_lens=None, comp_lens=None):
@@ -90,7 +91,7 @@ def test_packed_scores_and_gradients_equal_padded(name, impl, bin_rows):
 
   @jax.jit
   def padded(p):
-    return jax.value_and_grad(loss, has_aux=True)(p, lambda m: tfm.completion_scores(
+    return jax.value_and_grad(loss, has_aux=True)(p, lambda m: scoring.completion_scores(
         m, prompts, pmask, comp, cmask, entropy=True, remat=remat))
 
   (_, (want_lp, want_ent)), want_g = padded(params)
@@ -106,7 +107,7 @@ def test_packed_scores_and_gradients_equal_padded(name, impl, bin_rows):
       def branch(num_bins):
         def scores(m):
           if num_bins is None:
-            return tfm.completion_scores(m, prompts, pmask, comp, cmask, entropy=True,
+            return scoring.completion_scores(m, prompts, pmask, comp, cmask, entropy=True,
                                          remat=remat, logits_chunk=4)
           return packing.completion_scores(m, prompts, pmask, comp, cmask, num_bins=num_bins,
                                            bin_rows=bin_rows, entropy=True, remat=remat,

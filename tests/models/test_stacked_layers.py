@@ -16,6 +16,7 @@ from flax import nnx
 from rlpost import sampling
 from rlpost.models import lora, packing
 from rlpost.models import transformer as tfm
+from rlpost.models import scoring
 
 BASE = tfm.TransformerConfig(vocab_size=48, hidden_size=32, num_layers=3, num_heads=4,
                              num_kv_heads=2, intermediate_size=48, max_seq_len=40, qkv_bias=True,
@@ -88,11 +89,12 @@ def test_stacked_scores_and_gradients_equal_stored(name):
   pt, pm, ct, cm = _batch()
   tokens = jnp.concatenate([pt, ct], axis=1)
   mask = jnp.concatenate([pm, cm], axis=1)
-  np.testing.assert_allclose(tfm.forward(stacked, tokens, mask), tfm.forward(stored, tokens, mask),
+  np.testing.assert_allclose(scoring.forward(stacked, tokens, mask),
+                             scoring.forward(stored, tokens, mask),
                              atol=1e-5, rtol=1e-5)
 
   def loss(model, remat):
-    logp, ent = tfm.completion_scores(model, pt, pm, ct, cm, entropy=True, remat=remat,
+    logp, ent = scoring.completion_scores(model, pt, pm, ct, cm, entropy=True, remat=remat,
                                       logits_chunk=4)
     return jnp.sum(logp) + 0.1 * jnp.sum(jnp.where(cm, ent, 0.0))
 
@@ -112,7 +114,7 @@ def test_stacked_scores_and_gradients_equal_stored(name):
                                            remat=remat)[0]
               for m, model in (("stored", stored), ("stacked", stacked))}
     np.testing.assert_allclose(packed["stacked"], packed["stored"], atol=1e-5)
-    np.testing.assert_allclose(packed["stored"], tfm.completion_scores(
+    np.testing.assert_allclose(packed["stored"], scoring.completion_scores(
         stored, pt, pm, ct, cm)[0], atol=1e-5)
 
 
@@ -128,7 +130,7 @@ def test_stacked_sampler_matches_the_stored_scoring(name):
   cfg = sampling.SamplingConfig(max_new_tokens=12, temperature=1.0)
   out = sampling.Sampler(stacked, cfg)(nnx.state(stacked), toks, mask, jax.random.key(0))
   assert len(np.unique(np.asarray(out.tokens))) > 5
-  logp = tfm.completion_logprobs(stored, jnp.asarray(toks), jnp.asarray(mask), out.tokens,
+  logp = scoring.completion_logprobs(stored, jnp.asarray(toks), jnp.asarray(mask), out.tokens,
                                  out.mask)
   np.testing.assert_allclose(np.asarray(out.policy_logprobs), np.asarray(logp), atol=1e-5)
 
@@ -157,20 +159,20 @@ def test_stacked_adapters():
   assert n_adapters == 3 * 4 * sum(a + b for a, b in din_dout.values()) + lm_head
   tokens = jnp.asarray(np.random.default_rng(0).integers(1, 48, (2, 9)), jnp.int32)
   mask = jnp.ones((2, 9), bool)
-  base_logits = tfm.forward(stored, tokens, mask)
-  np.testing.assert_allclose(tfm.forward(stacked, tokens, mask), base_logits, atol=1e-5)
+  base_logits = scoring.forward(stored, tokens, mask)
+  np.testing.assert_allclose(scoring.forward(stacked, tokens, mask), base_logits, atol=1e-5)
   rng = np.random.default_rng(1)
   for _, m in nnx.iter_graph(stacked):
     if isinstance(m, lora.Adapter):
       m.lora_b[...] = jnp.asarray(0.05 * rng.standard_normal(m.lora_b.shape), jnp.float32)
-  adapted = tfm.forward(stacked, tokens, mask)
+  adapted = scoring.forward(stacked, tokens, mask)
   assert float(jnp.max(jnp.abs(adapted - base_logits))) > 1e-3
   unstacked = tfm.with_layers_stacked(stacked, False)
   assert unstacked.layers[2].attn.q_proj.lora.lora_a.shape == (32, 4)
-  np.testing.assert_allclose(tfm.forward(unstacked, tokens, mask), adapted, atol=1e-5)
+  np.testing.assert_allclose(scoring.forward(unstacked, tokens, mask), adapted, atol=1e-5)
   merged = lora.merge(tfm.with_layers_stacked(unstacked))
   assert not hasattr(merged.layers.attn.q_proj, "lora")
-  np.testing.assert_allclose(tfm.forward(merged, tokens, mask), adapted, atol=1e-5)
+  np.testing.assert_allclose(scoring.forward(merged, tokens, mask), adapted, atol=1e-5)
 
 
 def test_fsdp_never_shards_the_layer_axis(with_devices):

@@ -25,6 +25,7 @@ from flax import nnx  # noqa: E402
 
 from rlpost import sampling  # noqa: E402
 from rlpost.models import transformer as tfm  # noqa: E402
+from rlpost.models import scoring  # noqa: E402
 from scripts.benchmarks import tunix_peer  # noqa: E402
 
 TOY = tfm.TransformerConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
@@ -67,7 +68,7 @@ def test_tunix_greedy_tokens_equal_rlpost_on_the_same_weights(tmp_path):
   # Two programs: argmax ties within float rounding may break either way. The contract: the
   # first token agrees wherever rlpost's top-two logits are more than 1e-4 apart (most rows
   # here), and later tokens agree but for rows that diverged after such a tie.
-  logits = np.asarray(tfm.forward(model, jnp.asarray(tokens), jnp.ones_like(tokens, bool)))
+  logits = np.asarray(scoring.forward(model, jnp.asarray(tokens), jnp.ones_like(tokens, bool)))
   top2 = np.sort(logits[:, -1], axis=-1)[:, -2:]
   clear = top2[:, 1] - top2[:, 0] > 1e-4
   assert clear.sum() >= 6 and len(set(ours[:, 0])) > 1  # a non-trivial comparison

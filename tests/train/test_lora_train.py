@@ -22,6 +22,7 @@ from rl_testutil import assert_moved, learning_config, learning_trainer  # noqa:
 from rlpost import averaging  # noqa: E402
 from rlpost.models import hf, lora  # noqa: E402
 from rlpost.models import transformer as tfm  # noqa: E402
+from rlpost.models import scoring  # noqa: E402
 from rlpost.train import config as config_lib  # noqa: E402
 from rlpost.train import loop, rl  # noqa: E402
 from scripts import average as average_script  # noqa: E402
@@ -134,10 +135,10 @@ def test_merged_export_reloads_with_the_adapted_models_logits(lora_run, tmp_path
   adapted = nnx.merge(tr.graphdef, lora_run["full"]["state"].params)
   tokens = jnp.asarray(np.random.default_rng(0).integers(3, 20, (2, 12)), jnp.int32)
   mask = jnp.ones_like(tokens, bool)
-  want = np.asarray(tfm.forward(adapted, tokens, mask))
-  base = np.asarray(tfm.forward(tr.reference_model(), tokens, mask))
+  want = np.asarray(scoring.forward(adapted, tokens, mask))
+  base = np.asarray(scoring.forward(tr.reference_model(), tokens, mask))
   assert np.max(np.abs(want - base)) > 1e-3  # precondition: the adapters changed the model
-  np.testing.assert_allclose(np.asarray(tfm.forward(exported, tokens, mask)), want, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(scoring.forward(exported, tokens, mask)), want, atol=1e-5)
 
 
 def test_averages_of_lora_checkpoints_are_of_the_merged_weights(lora_run, tmp_path):
@@ -195,9 +196,10 @@ def test_hugging_face_policy_with_lora_trains_and_exports_merged(tmp_path):
   exported = hf.load_pretrained(hf_out)
   tokens = jnp.asarray(np.random.default_rng(1).integers(0, 300, (2, 9)), jnp.int32)
   mask = jnp.ones_like(tokens, bool)
-  want = np.asarray(tfm.forward(nnx.merge(tr.graphdef, s2.params), tokens, mask))
-  assert np.max(np.abs(want - np.asarray(tfm.forward(tr.reference_model(), tokens, mask)))) > 1e-4
-  np.testing.assert_allclose(np.asarray(tfm.forward(exported, tokens, mask)), want, atol=1e-5)
+  want = np.asarray(scoring.forward(nnx.merge(tr.graphdef, s2.params), tokens, mask))
+  base = np.asarray(scoring.forward(tr.reference_model(), tokens, mask))
+  assert np.max(np.abs(want - base)) > 1e-4
+  np.testing.assert_allclose(np.asarray(scoring.forward(exported, tokens, mask)), want, atol=1e-5)
   # The same targets on a checkpoint whose LM head is tied to the embedding: the key is named.
   tied = hpt.write_policy(tmp_path / "tied", texts=[math_data.QWEN_MATH_TEMPLATE])
   with pytest.raises(ValueError, match=r"config key 'lora_targets': .*\['lm_head'\]"):
@@ -245,8 +247,8 @@ def test_qwen3_lora_from_the_command_line_exports_a_model_transformers_generates
   adapted = nnx.merge(graphdef, params)
   tokens = jnp.asarray(np.random.default_rng(2).integers(0, 300, (2, 9)), jnp.int32)
   mask = jnp.ones_like(tokens, bool)
-  want = np.asarray(tfm.forward(adapted, tokens, mask))
-  assert np.max(np.abs(want - np.asarray(tfm.forward(base, tokens, mask)))) > 1e-4  # it trained
+  want = np.asarray(scoring.forward(adapted, tokens, mask))
+  assert np.max(np.abs(want - np.asarray(scoring.forward(base, tokens, mask)))) > 1e-4  # it trained
   with torch.no_grad():
     got = theirs(input_ids=torch.from_numpy(np.asarray(tokens, np.int64))).logits.numpy()
   np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
