@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 
 from rlpost.models import transformer as tfm
-from rlpost.objectives import LossParts
+from rlpost.types import LossParts
 
 
 class Plan(NamedTuple):
