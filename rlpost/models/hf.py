@@ -914,7 +914,7 @@ CHAR_SPECIAL_TOKENS = {"pad": "<pad>", "bos": "<s>", "eos": "</s>"}
 
 def write_char_tokenizer(tok, folder: str | os.PathLike, *,
                          model_max_length: int | None = None) -> list[Path]:
-  """Write a character tokenizer (``rlpost.tasks.tokenizer.CharTokenizer``) in the files of a
+  """Write a character tokenizer (``rlpost.tokenizer.CharTokenizer``) in the files of a
   Hugging Face fast tokenizer: tokenizer.json, tokenizer_config.json, special_tokens_map.json.
 
   ``AutoTokenizer.from_pretrained(folder)`` (and ``load_tokenizer``) then encode a prompt to

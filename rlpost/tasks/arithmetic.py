@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlpost.tasks import base
-from rlpost.tasks.tokenizer import EOS, CharTokenizer
+from rlpost.tokenizer import EOS, CharTokenizer
 
 
 @dataclasses.dataclass(frozen=True)

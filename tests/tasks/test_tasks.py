@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rlpost.tasks import arithmetic, builders, countdown, math_data
-from rlpost.tasks.tokenizer import BOS, EOS, PAD, CharTokenizer
+from rlpost.tokenizer import BOS, EOS, PAD, CharTokenizer
 
 TOK = CharTokenizer()
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rlpost.tasks import arithmetic
-from rlpost.tasks.tokenizer import CharTokenizer
+from rlpost.tokenizer import CharTokenizer
 from rlpost.train import checkpoint, guards, loop, rl
 from rl_testutil import assert_moved, learning_config, max_update_gap, tree_digest
 
