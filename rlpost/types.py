@@ -1,4 +1,4 @@
-"""Rollout batch pytree shared by samplers, objectives and trainers.
+"""Pytrees shared by samplers, models, objectives and trainers: the rollout batch and loss pairs.
 
 Shape legend
 ------------
@@ -15,6 +15,10 @@ Ragged groups (MC-GRPO's G+1, DARS's extra rollouts, filtered groups) are expres
 statistic. Changing the mask never changes a shape, so nothing recompiles.
 
 Dtypes: float32 rewards, log-probs and entropies, int32 ids and tokens, bool masks.
+
+A loss or metric travels as ``LossParts(sum, denominator)``, a pair of float32 scalars whose
+denominator does not depend on the parameters; ``rlpost.objectives.parts`` holds the arithmetic
+on pairs (``finalize``, ``combine``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from flax import struct
 
 __all__ = [
     "RolloutBatch",
+    "LossParts",
     "FiniteCheck",
     "check_shapes",
     "check_finite",
@@ -254,3 +259,15 @@ def group_layout(group_sizes: Sequence[int], group_size_max: int) -> tuple[np.nd
   slot = np.tile(np.arange(group_size_max), p)
   valid = slot < np.repeat(sizes, group_size_max)
   return group_id, valid
+
+
+class LossParts(NamedTuple):
+  """A loss or metric as a (sum, denominator) pair of float32 scalars.
+
+  Parts from micro-batches, accumulation steps or data-parallel shards combine exactly by
+  adding sums and denominators: ``loss = sum(sums) / sum(denominators)``. Denominators never
+  depend on the parameters, so the gradient combines the same way.
+  """
+
+  sum: jax.Array
+  denominator: jax.Array

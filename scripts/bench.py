@@ -72,29 +72,11 @@ from scripts.benchmarks import layers as bench_layers  # noqa: E402
 from scripts.benchmarks import lora as bench_lora  # noqa: E402
 from scripts.benchmarks import packing as bench_packing  # noqa: E402
 from scripts.benchmarks.common import (  # noqa: E402
-    generation_flops, layer_matmul_params, measure_matmul_peak)
+    MODELS, generation_flops, layer_matmul_params, measure_matmul_peak)
 from scripts.benchmarks import roundtrip as bench_roundtrip  # noqa: E402
 from scripts.benchmarks import scaling as bench_scaling  # noqa: E402
 from scripts.benchmarks import seeds as bench_seeds  # noqa: E402
 from scripts.benchmarks import train as bench_train  # noqa: E402
-
-# ------------------------------------------------------------------------------------------
-# Models
-# ------------------------------------------------------------------------------------------
-
-_QWEN2 = dict(qkv_bias=True, tie_embeddings=True, max_seq_len=512)
-MODELS = {
-    # ~0.85M parameters: the README / quickstart policy.
-    "1m": tfm.TransformerConfig(vocab_size=512, hidden_size=128, num_layers=4, num_heads=4,
-                                num_kv_heads=2, intermediate_size=384, **_QWEN2),
-    # ~10.7M parameters: hidden 384, 6 layers.
-    "10m": tfm.TransformerConfig(vocab_size=1024, hidden_size=384, num_layers=6, num_heads=6,
-                                 num_kv_heads=2, intermediate_size=1152, **_QWEN2),
-    # Toy size for --quick (the test suite).
-    "toy": tfm.TransformerConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
-                                 num_kv_heads=2, intermediate_size=64, **_QWEN2),
-}
-
 
 FLOP_FORMULA = ("FLOPs per row = 2*P_layers*(Tp+N-1) + 2*E*V*N + 4*L*H*D*(sum_{t=1..Tp} t + "
                 "sum_{j=1..N-1} (Tp+j)); P_layers = q/k/v/o + MLP kernels of all layers "

@@ -30,8 +30,7 @@ from rlpost.models import transformer as tfm  # noqa: E402
 from rlpost.models import scoring  # noqa: E402
 from rlpost.tasks import base as task_base  # noqa: E402
 from rlpost.tasks import math_data  # noqa: E402
-from rlpost.tasks.tokenizer import CharTokenizer  # noqa: E402
-from rlpost.tokenizer import pad  # noqa: E402
+from rlpost.tokenizer import CharTokenizer, pad  # noqa: E402
 from rlpost.train import loop, rl  # noqa: E402
 from scripts import export as export_script  # noqa: E402
 

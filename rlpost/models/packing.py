@@ -49,7 +49,7 @@ import jax.numpy as jnp
 from rlpost.models import attention
 from rlpost.models import transformer as tfm
 from rlpost.models import scoring
-from rlpost.objectives import LossParts
+from rlpost.types import LossParts
 
 
 class Plan(NamedTuple):

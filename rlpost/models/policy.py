@@ -15,8 +15,7 @@ from typing import Any, Sequence
 from flax import nnx
 
 from rlpost.models import transformer as tfm
-from rlpost.tasks.tokenizer import CharTokenizer
-from rlpost.tokenizer import Tokenizer
+from rlpost.tokenizer import CharTokenizer, Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Loss pairs: ``LossParts(sum, denominator)`` and the arithmetic on them.
 
 The bottom module of ``rlpost.objectives``: it imports nothing from the package, so every other
-module (ratios, losses, base, advantages, diagnostics, recipes) may import it.
+module (ratios, losses, base, advantages, diagnostics, recipes) may import it. ``LossParts``
+itself is defined in ``rlpost.types`` (below models and objectives, so ``rlpost.models.packing``
+reports its metrics as pairs too) and re-exported here.
 
 A loss or metric travels as a pair of float32 scalars whose denominator does not depend on the
 parameters. Pairs from disjoint row sets (micro-batches, accumulation steps, data-parallel
@@ -12,24 +14,14 @@ shards) add up exactly:
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 
+from rlpost.types import LossParts
+
 __all__ = ["LossParts", "safe_divide", "finalize", "combine", "finalize_metrics"]
-
-
-class LossParts(NamedTuple):
-  """A loss or metric as a (sum, denominator) pair of float32 scalars.
-
-  Parts from micro-batches, accumulation steps or data-parallel shards combine exactly by
-  adding sums and denominators: ``loss = sum(sums) / sum(denominators)``. Denominators never
-  depend on the parameters, so the gradient combines the same way.
-  """
-
-  sum: jax.Array
-  denominator: jax.Array
 
 
 def safe_divide(num: jax.Array, den: jax.Array) -> jax.Array:

@@ -2,7 +2,7 @@
 
     check(checker, completions, references) -> list[float]   1.0 where the answer is right
 
-* ``parser`` (``rlpost.tasks.math_data.score_math``): the last ``\\boxed{}``, else the text after
+* ``parser`` (``score_math``, below): the last ``\\boxed{}``, else the text after
   ``####``, else the last number, compared as exact fractions where both are numbers, else as
   normalised strings. Fast, dependency-free, and the CPU tables' checker.
 * ``math_verify``: the ``math-verify`` package (``pip install 'rlpost[data]'``) as verl's math
@@ -26,10 +26,12 @@ import atexit
 import importlib.util
 import json
 import os
+import re
 import select
 import subprocess
 import sys
 import time
+from fractions import Fraction
 from typing import Sequence
 
 CHECKERS = ("parser", "math_verify")
@@ -45,6 +47,115 @@ def available(checker: str) -> str | None:
     return "math_verify needs the math-verify package: pip install 'rlpost[data]'"
   return None
 
+
+# The parser: answer extraction and equivalence (no dependency).
+
+def extract_gsm8k_answer(answer: str) -> str | None:
+  """The number after ``####`` with thousands separators removed, or None."""
+  m = re.search(r"####\s*([^\n]+)", answer)
+  if not m:
+    return None
+  return m.group(1).strip().replace(",", "").rstrip(".")
+
+
+def extract_boxed(text: str) -> str | None:
+  """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced, or None."""
+  starts = [m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]
+  if not starts:
+    return None
+  i = starts[-1]
+  depth = 1
+  j = i
+  while j < len(text) and depth:
+    depth += text[j] == "{"
+    depth -= text[j] == "}"
+    j += 1
+  return text[i:j - 1].strip() if depth == 0 else None
+
+
+def extract_final_number(text: str) -> str | None:
+  """The last number in free text (for model outputs without a box or ####)."""
+  nums = re.findall(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?", text)
+  return nums[-1].replace(",", "") if nums else None
+
+
+_LATEX_NOISE = [r"\left", r"\right", r"\!", r"\,", r"\;", r"\:", "$", r"\displaystyle", "^\\circ",
+                "^{\\circ}", r"\%", "%", r"\$", "dollars", "units"]
+
+
+def normalize_answer(ans: str) -> str:
+  """Canonical string form of a math answer (LaTeX noise removed, fractions unified)."""
+  s = ans.strip()
+  m = re.fullmatch(r"\\text\{(.*)\}", s)
+  if m:
+    s = m.group(1)
+  for noise in _LATEX_NOISE:
+    s = s.replace(noise, "")
+  s = s.replace("dfrac", "frac").replace("tfrac", "frac").replace(" ", "")
+  s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
+  s = re.sub(r"^([a-zA-Z]\w*)=", "", s)  # "x=5" -> "5"
+  s = s.rstrip(".")
+  if s.startswith("0.") or re.fullmatch(r"-?\d+\.0+", s):
+    s = s.rstrip("0").rstrip(".") if "." in s else s
+  return s
+
+
+def _as_number(s: str) -> Fraction | None:
+  s = s.replace(",", "")
+  m = re.fullmatch(r"(-?)\\frac\{(-?\d+)\}\{(-?\d+)\}", s)
+  try:
+    if m:
+      val = Fraction(int(m.group(2)), int(m.group(3)))
+      return -val if m.group(1) else val
+    if re.fullmatch(r"-?\d+/\d+", s):
+      a, b = s.split("/")
+      return Fraction(int(a), int(b))
+    if re.fullmatch(r"-?\d+(\.\d+)?", s):
+      return Fraction(s)
+  except (ValueError, ZeroDivisionError):
+    return None
+  return None
+
+
+def is_equivalent(prediction: str | None, reference: str | None) -> bool:
+  """Exact numeric equality when both sides parse as numbers, else normalised string equality."""
+  if prediction is None or reference is None:
+    return False
+  p, r = normalize_answer(prediction), normalize_answer(reference)
+  pn, rn = _as_number(p), _as_number(r)
+  if pn is not None and rn is not None:
+    return pn == rn
+  return p == r and p != ""
+
+
+def extract_answer(completion: str) -> str | None:
+  """A model completion's final answer: the last ``\\boxed{}``, else the text after ``####``,
+  else the last number; None if there is none."""
+  pred = extract_boxed(completion)
+  if pred is None:
+    pred = extract_gsm8k_answer(completion) or extract_final_number(completion)
+  return pred
+
+
+def canonical_answer(ans: str | None) -> str | None:
+  """A hashable key with ``canonical_answer(a) == canonical_answer(b)`` exactly when
+  ``is_equivalent(a, b)``: the exact fraction of a number, else the normalised string; None for
+  a missing or empty answer. Majority votes count answers by this key."""
+  if ans is None:
+    return None
+  s = normalize_answer(ans)
+  num = _as_number(s)
+  if num is not None:
+    return f"{num.numerator}/{num.denominator}"
+  return s or None
+
+
+def score_math(completion: str, reference: str) -> float:
+  """1.0 if the completion's boxed (else last) answer is equivalent to the reference."""
+  return float(is_equivalent(extract_answer(completion), reference))
+
+
+# math-verify, in worker processes.
 
 def math_verify_one(completion: str, reference: str) -> float:
   """verl's math-verify reward of one completion (runs in a worker's main thread)."""
@@ -110,9 +221,7 @@ def check(checker: str, completions: Sequence[str], references: Sequence[str]) -
   if why:
     raise ValueError(why)
   if checker == "parser":
-    from rlpost.tasks import math_data
-
-    return [math_data.score_math(c, r) for c, r in zip(completions, references)]
+    return [score_math(c, r) for c, r in zip(completions, references)]
   pairs = [[str(c), str(r)] for c, r in zip(completions, references)]
   if not pairs:
     return []

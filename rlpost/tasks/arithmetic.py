@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlpost.tasks import base
-from rlpost.tasks.tokenizer import EOS, CharTokenizer
+from rlpost.tasks import base, builders
+from rlpost.tokenizer import EOS, CharTokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,13 +117,14 @@ def reward(tokens: jax.Array, mask: jax.Array, answer: jax.Array, answer_len: ja
 
 
 @base.register_task
-class ArithmeticTask(base.SyntheticTask):
+class ArithmeticTask(builders.SyntheticTask):
   """Multi-step arithmetic, scored in JAX on character ids (on the host for other tokenizers);
   ``graded_reward`` gives partial credit for right digits of a right-length answer."""
 
   name = "arithmetic"
   has_graded_reward = True
   spec_class = ArithmeticSpec
+  generate = staticmethod(generate)
 
   def score(self, completion: str, finished: bool, record: dict) -> float:
     return reference_reward(completion, finished, record["answer"],

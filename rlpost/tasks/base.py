@@ -243,31 +243,3 @@ def check_spec(task: str, spec_class: type, spec: Any) -> None:
     spec_class(**spec)
   except ValueError as e:
     raise ValueError(f"{head}: {e}") from None
-
-
-class SyntheticTask(Task):
-  """A task generated locally by its tfds builder (``rlpost.tasks.builders``) from
-  ``task_spec``, ``num_train``, ``num_test`` and ``data_seed``.
-
-  Attributes:
-    spec_class: the dataclass of the task's ``task_spec`` fields (checked by ``validate``:
-      known fields, their types and values); None leaves ``task_spec`` to the builder.
-  """
-
-  spec_class: type | None = None
-
-  @classmethod
-  def validate(cls, cfg: Any) -> None:
-    if cls.spec_class is not None:
-      check_spec(cls.name, cls.spec_class, cfg.task_spec)
-    if cfg.eval_problems > cfg.num_test:
-      raise ValueError(f"config key 'eval_problems': exceeds the {cfg.num_test} problems of the "
-                       "test split (num_test); use eval_problems=0 for all of them (got "
-                       f"{cfg.eval_problems!r})")
-
-  def load(self, log: Callable[[str], None]) -> dict[str, list[dict]]:
-    from rlpost.tasks import builders
-
-    c = self.cfg
-    return builders.build(self.name, spec=c.task_spec, num_train=c.num_train,
-                          num_test=c.num_test, seed=c.data_seed, data_dir=c.data_dir, log=log)

@@ -1,8 +1,12 @@
-"""tensorflow-datasets builders for the synthetic tasks, writing array_record (no TensorFlow).
+"""Synthetic tasks: the ``SyntheticTask`` base class and the tensorflow-datasets builder that
+writes each one's records as array_record (no TensorFlow).
 
-Each task is generated locally and deterministically from its config (sizes, difficulty range,
-seed); the config is encoded in the builder config's name, so a dataset is built once per config
-and reused from ``data_dir`` afterwards. Records are read back with ``as_data_source`` (random
+A synthetic task is a registered ``SyntheticTask`` subclass that names its own generator
+(``generate``) and spec dataclass (``spec_class``); the task registry (``rlpost.tasks.base``) is
+the only list of them, and ``build`` makes each task's tfds builder from its class. Each task is
+generated locally and deterministically from its config (sizes, difficulty range, seed); the
+config is encoded in the builder config's name, so a dataset is built once per config and reused
+from ``data_dir`` afterwards. Records are read back with ``as_data_source`` (random
 access over array_record; no ``tfds.load``, which would need TensorFlow). Building logs one line
 (``rlpost.local_data``), none of tfds's download messages.
 
@@ -14,15 +18,17 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import os
-from typing import Callable
+import types
+from typing import Any, Callable
 
 import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
 from rlpost import local_data
-from rlpost.tasks import arithmetic, countdown
+from rlpost.tasks import base
 
 DEFAULT_DATA_DIR = os.path.join(os.path.expanduser("~"), ".cache", "rlpost", "tfds")
 
@@ -82,22 +88,54 @@ class _SyntheticBuilder(local_data.LocalBuilder, tfds.core.GeneratorBasedBuilder
       yield i, r
 
 
-class Arithmetic(_SyntheticBuilder):
-  """Multi-step arithmetic (see ``rlpost.tasks.arithmetic``)."""
+class SyntheticTask(base.Task):
+  """A task generated locally by its tfds builder (``build``) from ``task_spec``,
+  ``num_train``, ``num_test`` and ``data_seed``.
 
-  def _make(self, n, seed):
-    return arithmetic.generate(arithmetic.ArithmeticSpec(**self.builder_config.spec), n, seed)
+  Attributes:
+    spec_class: the dataclass of the task's ``task_spec`` fields (checked by ``validate``:
+      known fields, their types and values); None leaves ``task_spec`` to ``generate``.
+    generate: ``generate(spec, n, seed) -> list[dict]``, n records generated deterministically
+      from ``seed``; ``spec`` is ``spec_class(**task_spec)`` (the dict itself without a
+      ``spec_class``).
+  """
+
+  spec_class: type | None = None
+  generate: Callable[[Any, int, int], list[dict]]
+
+  @classmethod
+  def validate(cls, cfg: Any) -> None:
+    if cls.spec_class is not None:
+      base.check_spec(cls.name, cls.spec_class, cfg.task_spec)
+    if cfg.eval_problems > cfg.num_test:
+      raise ValueError(f"config key 'eval_problems': exceeds the {cfg.num_test} problems of the "
+                       "test split (num_test); use eval_problems=0 for all of them (got "
+                       f"{cfg.eval_problems!r})")
+
+  def load(self, log: Callable[[str], None]) -> dict[str, list[dict]]:
+    c = self.cfg
+    return _build(type(self), spec=c.task_spec, num_train=c.num_train, num_test=c.num_test,
+                  seed=c.data_seed, data_dir=c.data_dir, log=log)
 
 
-class Countdown(_SyntheticBuilder):
-  """Countdown numbers game (see ``rlpost.tasks.countdown``)."""
+@functools.cache
+def _builder_class(task: type[SyntheticTask]) -> type[_SyntheticBuilder]:
+  """The tfds builder of ``task``, named as the task (its folder under ``data_dir``)."""
 
-  def _make(self, n, seed):
-    return countdown.generate(countdown.CountdownSpec(**self.builder_config.spec), n, seed)
+  def _make(self, n: int, seed: int) -> list[dict]:
+    spec = self.builder_config.spec
+    return task.generate(spec if task.spec_class is None else task.spec_class(**spec), n, seed)
+
+  def body(ns: dict) -> None:
+    ns.update(name=task.name, __doc__=task.__doc__, __module__=__name__, _make=_make)
+
+  return types.new_class(f"{task.__name__}Builder", (_SyntheticBuilder,),
+                         {"skip_registration": True}, body)
 
 
-BUILDERS = {"arithmetic": Arithmetic, "countdown": Countdown}
-SPECS = {"arithmetic": arithmetic.ArithmeticSpec, "countdown": countdown.CountdownSpec}
+def synthetic_tasks() -> tuple[str, ...]:
+  """The names of the registered synthetic tasks, sorted."""
+  return tuple(n for n in base.list_tasks() if issubclass(base.get_task(n), SyntheticTask))
 
 
 def config_name(spec: dict, num_train: int, num_test: int, seed: int) -> str:
@@ -108,21 +146,29 @@ def config_name(spec: dict, num_train: int, num_test: int, seed: int) -> str:
 def build(task: str, *, spec: dict | None = None, num_train: int = 10000, num_test: int = 1000,
           seed: int = 0, data_dir: str | None = None, log: Callable[[str], None] = print
           ) -> dict[str, list[dict]]:
-  """Build (once) and read a synthetic task: {"train": [...], "test": [...]} of record dicts;
-  building logs one line through ``log``."""
-  if task not in BUILDERS:
-    raise ValueError(f"unknown task {task!r}; known: {sorted(BUILDERS)}")
-  spec = dict(spec or {})
-  fields = {f.name for f in dataclasses.fields(SPECS[task])}
-  unknown = set(spec) - fields
-  if unknown:
-    raise ValueError(f"unknown {task} spec key(s) {sorted(unknown)}; known: {sorted(fields)}")
-  SPECS[task](**spec)  # validates values with clear errors
+  """Build (once) and read the synthetic task registered as ``task``: {"train": [...], "test":
+  [...]} of record dicts; building logs one line through ``log``."""
+  known = synthetic_tasks()
+  if task not in known:
+    raise ValueError(f"unknown task {task!r}; known: {list(known)}")
+  return _build(base.get_task(task), spec=spec, num_train=num_train, num_test=num_test,
+                seed=seed, data_dir=data_dir, log=log)
+
+
+def _build(task: type[SyntheticTask], *, spec: dict | None, num_train: int, num_test: int,
+           seed: int, data_dir: str | None, log: Callable[[str], None]) -> dict[str, list[dict]]:
+  name, spec = task.name, dict(spec or {})
+  if task.spec_class is not None:
+    fields = {f.name for f in dataclasses.fields(task.spec_class)}
+    unknown = set(spec) - fields
+    if unknown:
+      raise ValueError(f"unknown {name} spec key(s) {sorted(unknown)}; known: {sorted(fields)}")
+    task.spec_class(**spec)  # validates values with clear errors
   cfg = SyntheticConfig(name=config_name(spec, num_train, num_test, seed), spec=spec,
                         num_train=num_train, num_test=num_test, seed=seed)
   data_dir = data_dir or DEFAULT_DATA_DIR
-  builder = BUILDERS[task](config=cfg, data_dir=data_dir, file_format="array_record")
-  local_data.prepare(builder, f"{task} data ({num_train:,} train / {num_test:,} test)", data_dir,
+  builder = _builder_class(task)(config=cfg, data_dir=data_dir, file_format="array_record")
+  local_data.prepare(builder, f"{name} data ({num_train:,} train / {num_test:,} test)", data_dir,
                      log)
   sources = builder.as_data_source()
   return {split: [_decode(sources[split][i]) for i in range(len(sources[split]))]

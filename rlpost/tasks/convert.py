@@ -51,7 +51,7 @@ import tempfile
 import time
 from typing import Callable, Iterable, Iterator
 
-from rlpost.tasks import math_data
+from rlpost.tasks import answer_check, math_data
 
 FORMAT = "rlpost-records/1"
 FIELDS = ("problem", "answer", "solution", "level", "subject", "source", "system")
@@ -193,7 +193,7 @@ def _short_where(where: str) -> str:
 def gsm8k_record(row, where: str) -> dict:
   question = _text(_field(row, where, "question"), where, "question")
   solution = _text(_field(row, where, "answer"), where, "answer")
-  final = math_data.extract_gsm8k_answer(solution)
+  final = answer_check.extract_gsm8k_answer(solution)
   if not final:
     raise ConvertError(f"{where}: field 'answer' has no '####' final answer")
   steps = solution.split("####")[0].strip().count("\n") + 1
@@ -211,7 +211,7 @@ def math_record(row, where: str) -> dict:
   else:
     if not solution:
       raise ConvertError(f"{where}: no field 'answer' or 'solution'")
-    answer = math_data.extract_boxed(solution)
+    answer = answer_check.extract_boxed(solution)
     if not answer:
       raise ConvertError(f"{where}: field 'solution' has no \\boxed{{}} answer")
   subject = _field(row, where, "type", "subject", required=False) or ""

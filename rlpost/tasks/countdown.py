@@ -20,7 +20,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from rlpost.tasks import base
+from rlpost.tasks import base, builders
 
 MAX_CHARS = 64
 MAX_DEPTH = 16
@@ -170,11 +170,12 @@ def score(completion: str, finished: bool, prompt: str) -> float:
 
 
 @base.register_task
-class CountdownTask(base.SyntheticTask):
+class CountdownTask(builders.SyntheticTask):
   """The Countdown numbers game, scored on the host (any tokenizer)."""
 
   name = "countdown"
   spec_class = CountdownSpec
+  generate = staticmethod(generate)
 
   def score(self, completion: str, finished: bool, record: dict) -> float:
     return score(completion, finished, record["prompt"])

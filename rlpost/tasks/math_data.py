@@ -1,5 +1,6 @@
-"""Real math data from local files: GSM8K (jsonl) and MATH (json), with answer extraction and
-equivalence checking. Nothing is downloaded and no text is ever evaluated as code.
+"""Real math data from local files: GSM8K (jsonl) and MATH (json), scored by answer
+equivalence (``rlpost.tasks.answer_check``). Nothing is downloaded and no text is ever evaluated
+as code.
 
 GSM8K rows look like ``{"question": ..., "answer": "... #### 72"}``; MATH problems like
 ``{"problem": ..., "solution": "... \\boxed{\\frac{1}{2}}", "level": "Level 3", "type": ...}``
@@ -11,10 +12,11 @@ from __future__ import annotations
 import json
 import os
 import re
-from fractions import Fraction
 from typing import Iterable
 
 from rlpost.tasks import base
+from rlpost.tasks.answer_check import (canonical_answer, extract_answer, extract_boxed,
+                                       extract_gsm8k_answer)
 from rlpost.tasks.base import format_prompt  # noqa: F401  (re-exported)
 
 
@@ -43,84 +45,6 @@ def _read_json_records(path: str) -> list[dict]:
   except json.JSONDecodeError as e:
     raise ValueError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
   return data if isinstance(data, list) else [data]
-
-
-def extract_gsm8k_answer(answer: str) -> str | None:
-  """The number after ``####`` with thousands separators removed, or None."""
-  m = re.search(r"####\s*([^\n]+)", answer)
-  if not m:
-    return None
-  return m.group(1).strip().replace(",", "").rstrip(".")
-
-
-def extract_boxed(text: str) -> str | None:
-  """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced, or None."""
-  starts = [m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]
-  if not starts:
-    return None
-  i = starts[-1]
-  depth = 1
-  j = i
-  while j < len(text) and depth:
-    depth += text[j] == "{"
-    depth -= text[j] == "}"
-    j += 1
-  return text[i:j - 1].strip() if depth == 0 else None
-
-
-def extract_final_number(text: str) -> str | None:
-  """The last number in free text (for model outputs without a box or ####)."""
-  nums = re.findall(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?", text)
-  return nums[-1].replace(",", "") if nums else None
-
-
-_LATEX_NOISE = [r"\left", r"\right", r"\!", r"\,", r"\;", r"\:", "$", r"\displaystyle", "^\\circ",
-                "^{\\circ}", r"\%", "%", r"\$", "dollars", "units"]
-
-
-def normalize_answer(ans: str) -> str:
-  """Canonical string form of a math answer (LaTeX noise removed, fractions unified)."""
-  s = ans.strip()
-  m = re.fullmatch(r"\\text\{(.*)\}", s)
-  if m:
-    s = m.group(1)
-  for noise in _LATEX_NOISE:
-    s = s.replace(noise, "")
-  s = s.replace("dfrac", "frac").replace("tfrac", "frac").replace(" ", "")
-  s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
-  s = re.sub(r"^([a-zA-Z]\w*)=", "", s)  # "x=5" -> "5"
-  s = s.rstrip(".")
-  if s.startswith("0.") or re.fullmatch(r"-?\d+\.0+", s):
-    s = s.rstrip("0").rstrip(".") if "." in s else s
-  return s
-
-
-def _as_number(s: str) -> Fraction | None:
-  s = s.replace(",", "")
-  m = re.fullmatch(r"(-?)\\frac\{(-?\d+)\}\{(-?\d+)\}", s)
-  try:
-    if m:
-      val = Fraction(int(m.group(2)), int(m.group(3)))
-      return -val if m.group(1) else val
-    if re.fullmatch(r"-?\d+/\d+", s):
-      a, b = s.split("/")
-      return Fraction(int(a), int(b))
-    if re.fullmatch(r"-?\d+(\.\d+)?", s):
-      return Fraction(s)
-  except (ValueError, ZeroDivisionError):
-    return None
-  return None
-
-
-def is_equivalent(prediction: str | None, reference: str | None) -> bool:
-  """Exact numeric equality when both sides parse as numbers, else normalised string equality."""
-  if prediction is None or reference is None:
-    return False
-  p, r = normalize_answer(prediction), normalize_answer(reference)
-  pn, rn = _as_number(p), _as_number(r)
-  if pn is not None and rn is not None:
-    return pn == rn
-  return p == r and p != ""
 
 
 def _need_text(rec, key: str, path: str, i: int, alternative: str | None = None) -> None:
@@ -201,33 +125,6 @@ def load_math(paths: str | Iterable[str]) -> list[dict]:
   if not rows:
     raise ValueError(f"no MATH records found in {source!r}")
   return rows
-
-
-def extract_answer(completion: str) -> str | None:
-  """A model completion's final answer: the last ``\\boxed{}``, else the text after ``####``,
-  else the last number; None if there is none."""
-  pred = extract_boxed(completion)
-  if pred is None:
-    pred = extract_gsm8k_answer(completion) or extract_final_number(completion)
-  return pred
-
-
-def canonical_answer(ans: str | None) -> str | None:
-  """A hashable key with ``canonical_answer(a) == canonical_answer(b)`` exactly when
-  ``is_equivalent(a, b)``: the exact fraction of a number, else the normalised string; None for
-  a missing or empty answer. Majority votes count answers by this key."""
-  if ans is None:
-    return None
-  s = normalize_answer(ans)
-  num = _as_number(s)
-  if num is not None:
-    return f"{num.numerator}/{num.denominator}"
-  return s or None
-
-
-def score_math(completion: str, reference: str) -> float:
-  """1.0 if the completion's boxed (else last) answer is equivalent to the reference."""
-  return float(is_equivalent(extract_answer(completion), reference))
 
 
 def answer_tag(text: str) -> str | None:

@@ -45,7 +45,7 @@ from rlpost import averaging, paths
 from rlpost.averaging.checkpoints import refuse_incomplete, scan_steps
 from rlpost.models import hf, lora
 from rlpost.models import transformer as tfm
-from rlpost.tasks.tokenizer import CharTokenizer
+from rlpost.tokenizer import CharTokenizer
 from rlpost.train import config as config_lib
 from rlpost.train import setup
 from rlpost.train.rl_config import RLConfig

@@ -50,7 +50,7 @@ from rlpost.models import scoring
 from rlpost.rollouts import allocate
 from rlpost.tasks import base as task_base
 from rlpost.tasks.base import TaskArrays, host_reward  # noqa: F401  (re-exported)
-from rlpost.tasks.tokenizer import CharTokenizer
+from rlpost.tokenizer import CharTokenizer
 from rlpost.train import setup
 from rlpost.train.evaluate import make_evaluate
 from rlpost.train.guards import all_finite, raise_if_bad  # noqa: F401  (re-exported)

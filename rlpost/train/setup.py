@@ -30,7 +30,7 @@ from rlpost.models import transformer as tfm
 from rlpost.models.policy import Policy, load_hf
 from rlpost.tasks import base as task_base
 from rlpost.tasks.base import Task, TaskArrays
-from rlpost.tasks.tokenizer import CharTokenizer
+from rlpost.tokenizer import CharTokenizer
 from rlpost.train import sft
 from rlpost.train.rl_config import DEFAULT_MODEL, RLConfig
 

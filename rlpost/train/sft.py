@@ -23,7 +23,7 @@ from flax import nnx
 from rlpost import progress as progress_lib
 from rlpost.models import transformer as tfm
 from rlpost.models import scoring
-from rlpost.tasks.tokenizer import CharTokenizer
+from rlpost.tokenizer import CharTokenizer
 from rlpost.train import checkpoint
 
 

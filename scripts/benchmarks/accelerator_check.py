@@ -84,7 +84,7 @@ from rlpost.models import scoring
 from rlpost.models.policy import Policy
 from rlpost.rollouts import allocate
 from rlpost.tasks import base as task_base
-from rlpost.tasks.tokenizer import CharTokenizer
+from rlpost.tokenizer import CharTokenizer
 from rlpost.train import rl
 from rlpost.train.rl_config import RLConfig, build_recipe, learning_rate
 from scripts.benchmarks import common

@@ -1,4 +1,4 @@
-"""FLOP counts and the matmul peak shared by the benchmarks."""
+"""The benchmark models, FLOP counts and the matmul peak shared by the benchmarks."""
 
 from __future__ import annotations
 
@@ -10,6 +10,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlpost.models import transformer as tfm
+
+
+# The models of ``bench.py sampler`` and ``bench.py layers``.
+_QWEN2 = dict(qkv_bias=True, tie_embeddings=True, max_seq_len=512)
+MODELS = {
+    # ~0.85M parameters: the README / quickstart policy.
+    "1m": tfm.TransformerConfig(vocab_size=512, hidden_size=128, num_layers=4, num_heads=4,
+                                num_kv_heads=2, intermediate_size=384, **_QWEN2),
+    # ~10.7M parameters: hidden 384, 6 layers.
+    "10m": tfm.TransformerConfig(vocab_size=1024, hidden_size=384, num_layers=6, num_heads=6,
+                                 num_kv_heads=2, intermediate_size=1152, **_QWEN2),
+    # Toy size for --quick (the test suite).
+    "toy": tfm.TransformerConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
+                                 num_kv_heads=2, intermediate_size=64, **_QWEN2),
+}
 
 
 def timed(fn, sink: list, *, block: bool = False):

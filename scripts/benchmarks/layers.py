@@ -84,14 +84,13 @@ def _steps(args, remat: bool) -> dict:
 def _sampler(args) -> dict:
   from rlpost import sampling
   from rlpost.models import transformer as tfm
-  from scripts.bench import MODELS
 
   name = "toy" if args.quick else "10m"
-  model = tfm.init_model(MODELS[name], seed=0)
+  model = tfm.init_model(common.MODELS[name], seed=0)
   batch, tp, n = (4, 8, 8) if args.quick else (args.sampler_batch, 32, 128)
   scfg = sampling.SamplingConfig(max_new_tokens=n, temperature=1.0)
   rng = np.random.default_rng(0)
-  toks = jnp.asarray(rng.integers(1, MODELS[name].vocab_size, (batch, tp)), jnp.int32)
+  toks = jnp.asarray(rng.integers(1, common.MODELS[name].vocab_size, (batch, tp)), jnp.int32)
   mask = jnp.ones((batch, tp), bool)
 
   def call(m):

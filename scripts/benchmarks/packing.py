@@ -77,7 +77,7 @@ def run(args) -> dict:
   from rlpost.models import packing
   from rlpost.models import transformer as tfm
   from rlpost.models import scoring
-  from rlpost.tasks.tokenizer import CharTokenizer
+  from rlpost.tokenizer import CharTokenizer
 
   if args.quick:
     args.rows, args.prompt_len, args.new_tokens, args.repeats = 16, 6, 12, 2

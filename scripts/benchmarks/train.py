@@ -3,7 +3,7 @@
 Both sides train the same random-weight Qwen2-style policy (rlpost's weights exported with
 ``rlpost.models.hf.save_pretrained`` and loaded by ``transformers``) on the same arithmetic
 prompts, with the same character vocabulary (a ``tokenizers`` WordLevel copy of
-``rlpost.tasks.tokenizer.CharTokenizer``), the same reward (the graded arithmetic reward: rlpost
+``rlpost.tokenizer.CharTokenizer``), the same reward (the graded arithmetic reward: rlpost
 scores it in JAX inside the step, TRL calls ``rlpost.tasks.arithmetic.reference_reward``, the
 Python oracle the JAX reward is tested against), and the same hyperparameters: P prompts x G
 completions, at most N new tokens at temperature 1, one optimizer step of AdamW (lr 1e-4, no
@@ -76,7 +76,7 @@ def char_tokenizer_for_hf():
   import transformers
   from tokenizers import decoders, models, pre_tokenizers
 
-  from rlpost.tasks.tokenizer import ALPHABET
+  from rlpost.tokenizer import ALPHABET
 
   vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(ALPHABET)}}
   backend = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))

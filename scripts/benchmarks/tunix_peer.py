@@ -122,14 +122,14 @@ def describe(cfg) -> dict:
 
 
 class CharTokenizer:
-  """Tunix's tokenizer protocol over ``rlpost.tasks.tokenizer.CharTokenizer``'s ids.
+  """Tunix's tokenizer protocol over ``rlpost.tokenizer.CharTokenizer``'s ids.
 
   ``decode`` writes one character per id (PAD, BOS and EOS as ``"\\x00"``), so a completion's
   text has as many characters as tokens and the reward can tell truncation from EOS.
   """
 
   def __init__(self):
-    from rlpost.tasks import tokenizer
+    from rlpost import tokenizer
     self._tok = tokenizer.CharTokenizer()
     self._alphabet = tokenizer.ALPHABET
 

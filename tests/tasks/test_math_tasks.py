@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlpost.tasks import math_data
+from rlpost.tasks import answer_check, math_data
 
 ANSWERS = ["0.5", "\\frac{1}{2}", "\\dfrac12", "1/2", "2", "2.0", "x=2", "$2$", "1,000", "1000",
            "\\sqrt{2}", "\\sqrt{3}", "", "-3", "-\\frac{6}{2}", "\\text{yes}", "yes"]
@@ -15,24 +15,24 @@ ANSWERS = ["0.5", "\\frac{1}{2}", "\\dfrac12", "1/2", "2", "2.0", "x=2", "$2$", 
 def test_canonical_answer_agrees_with_is_equivalent():
   for a in ANSWERS:
     for b in ANSWERS:
-      ca, cb = math_data.canonical_answer(a), math_data.canonical_answer(b)
-      assert (ca is not None and ca == cb) == math_data.is_equivalent(a, b), (a, b)
-  assert math_data.canonical_answer("0.5") == math_data.canonical_answer("\\dfrac12") == "1/2"
-  assert math_data.canonical_answer(None) is None and math_data.canonical_answer(" $ $") is None
+      ca, cb = answer_check.canonical_answer(a), answer_check.canonical_answer(b)
+      assert (ca is not None and ca == cb) == answer_check.is_equivalent(a, b), (a, b)
+  assert answer_check.canonical_answer("0.5") == answer_check.canonical_answer("\\dfrac12") == "1/2"
+  assert answer_check.canonical_answer(None) is None and answer_check.canonical_answer(" $ $") is None
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=20), st.text(max_size=20))
 def test_canonical_answer_property(a, b):
-  ca, cb = math_data.canonical_answer(a), math_data.canonical_answer(b)
-  assert (ca is not None and ca == cb) == math_data.is_equivalent(a, b)
+  ca, cb = answer_check.canonical_answer(a), answer_check.canonical_answer(b)
+  assert (ca is not None and ca == cb) == answer_check.is_equivalent(a, b)
 
 
 def test_extract_answer_order():
-  assert math_data.extract_answer("x \\boxed{3} then 7") == "3"
-  assert math_data.extract_answer("so\n#### 1,234") == "1234"
-  assert math_data.extract_answer("it is 4, not 5.") == "5"
-  assert math_data.extract_answer("no answer") is None
+  assert answer_check.extract_answer("x \\boxed{3} then 7") == "3"
+  assert answer_check.extract_answer("so\n#### 1,234") == "1234"
+  assert answer_check.extract_answer("it is 4, not 5.") == "5"
+  assert answer_check.extract_answer("no answer") is None
 
 
 def test_format_prompt_is_plain_substitution():

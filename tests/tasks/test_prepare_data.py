@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlpost.cli import run_main
-from rlpost.tasks import convert, math_data
+from rlpost.tasks import answer_check, convert, math_data
 from scripts import prepare_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -177,7 +177,7 @@ def test_dars_and_verl_parquet(tmp_path):
                    "subject": "aime", "source": "capacity_val.parquet:0"}]
   data = math_data.load_task("math", {"train": str(out / "train.jsonl"),
                                       "test": str(out / "test.jsonl")})
-  assert math_data.score_math("so \\boxed{0.75}", data["train"][1]["answer"]) == 1.0
+  assert answer_check.score_math("so \\boxed{0.75}", data["train"][1]["answer"]) == 1.0
   # Any verl-style file, the split from its name.
   v = write_parquet(tmp_path / "verl" / "test.parquet", [verl_row("2+2?", 4)])
   assert cli("verl", v, "--out", str(tmp_path / "v")) == 0

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rlpost.tasks import base
-from rlpost.tasks.tokenizer import EOS, CharTokenizer, pad
+from rlpost.tokenizer import EOS, CharTokenizer, pad
 
 
 def test_registry_lists_builtins_and_refuses_unknown_or_duplicate_names():

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rlpost.tasks import arithmetic, builders, countdown, math_data
-from rlpost.tasks.tokenizer import BOS, EOS, PAD, CharTokenizer
+from rlpost.tasks import answer_check, arithmetic, builders, countdown, math_data
+from rlpost.tokenizer import BOS, EOS, PAD, CharTokenizer
 
 TOK = CharTokenizer()
 
@@ -133,21 +133,21 @@ def test_countdown_parser_never_crashes(text):
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=60))
 def test_math_extraction_never_crashes(text):
-  math_data.extract_boxed(text)
-  math_data.extract_final_number(text)
-  math_data.score_math(text, "1/2")
+  answer_check.extract_boxed(text)
+  answer_check.extract_final_number(text)
+  answer_check.score_math(text, "1/2")
 
 
 def test_math_equivalence_cases():
-  eq = math_data.is_equivalent
+  eq = answer_check.is_equivalent
   assert eq("\\frac{1}{2}", "0.5") and eq("\\dfrac12", "1/2") and eq("1,000", "1000")
   assert eq("x=5", "5") and eq("$72$", "72") and eq("72.00", "72")
   assert not eq("3", "4") and not eq(None, "4") and not eq("", "")
   assert eq("\\sqrt{2}", "\\sqrt{2}") and not eq("\\sqrt{2}", "\\sqrt{3}")
-  assert math_data.extract_boxed("so \\boxed{\\frac{a}{b}} and \\boxed{7}") == "7"
-  assert math_data.extract_boxed("\\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
-  assert math_data.score_math("The answer is \\boxed{0.5}", "\\frac12") == 1.0
-  assert math_data.score_math("#### 1,234", "1234") == 1.0
+  assert answer_check.extract_boxed("so \\boxed{\\frac{a}{b}} and \\boxed{7}") == "7"
+  assert answer_check.extract_boxed("\\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+  assert answer_check.score_math("The answer is \\boxed{0.5}", "\\frac12") == 1.0
+  assert answer_check.score_math("#### 1,234", "1234") == 1.0
 
 
 def test_gsm8k_and_math_loaders(tmp_path):

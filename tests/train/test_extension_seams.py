@@ -11,7 +11,7 @@ from rl_testutil import assert_moved, learning_config
 from rlpost import objectives as obj
 from rlpost.objectives import recipes
 from rlpost.rollouts import allocate
-from rlpost.tasks.tokenizer import CharTokenizer
+from rlpost.tokenizer import CharTokenizer
 from rlpost.train import rl
 
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rlpost.tasks import arithmetic
-from rlpost.tasks.tokenizer import CharTokenizer
+from rlpost.tokenizer import CharTokenizer
 from rlpost.train import checkpoint, guards, loop, rl
 from rl_testutil import assert_moved, learning_config, max_update_gap, tree_digest
 
@@ -358,7 +358,7 @@ def test_arithmetic_reward_is_bounded_on_any_tokens(tokens, graded):
 
 
 def test_parsers_never_execute_text(tmp_path):
-  from rlpost.tasks import countdown, math_data
+  from rlpost.tasks import answer_check, countdown
 
   marker = tmp_path / "executed"
   payloads = [f"__import__('os').system('touch {marker}')",
@@ -366,7 +366,7 @@ def test_parsers_never_execute_text(tmp_path):
   for text in payloads:
     assert countdown.parse(text) is None
     assert countdown.score(text, True, "3,5,7;56=") == 0.0
-    math_data.score_math(text, "2")
+    answer_check.score_math(text, "2")
   assert not marker.exists()
 
 

@@ -526,7 +526,7 @@ except ValueError as e:
 def test_sft_evaluates_averages_beside_raw_weights(dirs):
   from rlpost.models import transformer as tfm
   from rlpost.tasks import arithmetic
-  from rlpost.tasks.tokenizer import CharTokenizer
+  from rlpost.tokenizer import CharTokenizer
   from rlpost.train import sft
 
   rows = arithmetic.generate(arithmetic.ArithmeticSpec(1, 2), 64, seed=0)
