@@ -642,6 +642,11 @@ class Experiment:
     starts: ``starts(report) -> {arm: (arm config, step-0 evaluation)}`` for the step-0 guard
       (``check_same_start``), for a table whose data do not keep the ``rl_seeds.run_arm`` layout
       the guard finds by itself.
+    replicate_own: a table's own replication, for a design ``replicate`` cannot express (a seed
+      count chosen by a pilot's power plan, a pilot's seed ids to avoid):
+      ``replicate_own(out_dir, seeds, seed_offset, no_progress, rejudge) -> dict`` (what
+      ``replicate`` returns; ``rejudge``: re-judge the replication in ``out_dir`` without
+      running); ``reproduce.py --replicate`` calls it in place of ``replicate``.
   """
 
   name: str
@@ -657,6 +662,7 @@ class Experiment:
   replicate: Callable[[dict, int, int], dict] | None = None
   pinned: bool = True
   starts: Callable[[dict], Mapping[str, tuple]] | None = None
+  replicate_own: Callable[[str, int | None, int, bool, bool], dict] | None = None
 
 
 def digest(spec: Mapping) -> str:

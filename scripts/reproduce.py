@@ -46,6 +46,7 @@ EXPERIMENTS = {
     "mc_grpo": "experiments.mc_grpo",
     "ace": "experiments.ace",
     "dars": "experiments.dars",
+    "ema_risk": "experiments.averaging.ema_risk",
 }
 
 def main(argv=None):
@@ -149,8 +150,12 @@ def _main(ap, args):
       if not os.path.exists(os.path.join(args.out, "replication", "results.json")):
         raise FileNotFoundError(f"--replicate --rejudge: no replication/results.json in "
                                 f"{args.out}")
+      if exp.replicate_own:
+        return exp.replicate_own(args.out, None, 0, args.no_progress, True)
       return harness.rejudge_replication(exp, args.out)
     offset = 1000 if args.seed_offset is None else args.seed_offset
+    if exp.replicate_own:
+      return exp.replicate_own(args.out, args.seeds, offset, args.no_progress, False)
     return harness.replicate(exp, args.out, seeds=args.seeds, seed_offset=offset,
                              no_progress=args.no_progress)
   if args.rejudge:

@@ -6,17 +6,22 @@ linear regression, (i) the variance error of SGD with EMA is always smaller than
 without averaging, and (ii) unlike iterate averaging from the beginning, the bias error of SGD
 with EMA decays exponentially in every eigen-subspace of the data covariance.
 
-Command:  python -m experiments.averaging.ema_risk [--quick] [--seeds N] [--out DIR] [--rejudge]
-          python -m experiments.averaging.ema_risk --replicate [--seed-offset S]
+Command:  python scripts/reproduce.py ema_risk [--quick] [--seeds N] [--out DIR] [--rejudge]
+          python scripts/reproduce.py ema_risk --replicate [--seeds K] [--seed-offset S]
+          (``python -m experiments.averaging.ema_risk ARGS`` runs the same)
 Hardware: CPU (2 cores), float64; every seed of the pilot and of the main run advances in one
 jitted, vmapped program (``jax.vmap`` over seeds, ``lax.scan`` over steps). The default size runs
-in well under a minute, ``--quick`` in seconds. Outputs in ``--out`` (default results/averaging):
-``ema_risk.json`` (config, machine, wall time, seed ids, every per-seed value and evaluation point,
-the exact expected curves, the verdicts) and ``ema_risk.md`` (the table); a default-size run into
-the default directory also rewrites the generated section of experiments/averaging/README.md.
-``--replicate`` reruns the committed table at main seed ids it did not use (from ``--seed-offset``,
-default 1000) and writes ``ema_risk-replication.md`` (per claim: committed and new interval,
-verdicts, and the two-sample test of their change) and ``ema_risk-replication.json``.
+in well under a minute, ``--quick`` in seconds. A table on ``experiments/harness.py``: one unit
+(pilot, power plan, main run and exact expectations; cached under ``--out/cache``); outputs in
+``--out`` (default results/ema_risk): ``results.json`` (config, machine, wall time, seed ids,
+every per-seed value and evaluation point, the exact expectations, the verdicts) and
+``table.md``; a default-size run into the default directory also rewrites the generated
+section of experiments/averaging/README.md and the block at the end of this docstring
+(``experiments/docsync.py``). ``--replicate`` reruns the committed table at main seed ids it did
+not use (from ``--seed-offset``, default 1000; ``--seeds`` defaults to the count the table ran)
+and writes ``replication.md`` (per claim: committed and new interval, verdicts, and the
+two-sample test of their change) and ``replication/results.json``; ``--replicate --rejudge``
+re-judges them without simulating.
 
 Setup. x ~ N(0, H), H = diag(lambda_i), lambda_i = i^-a (i = 1..d); y = <w*, x> + xi, xi ~ N(0,
 sigma^2), w* = (1, ..., 1); one fresh sample per step, w_0 = 0,
@@ -67,16 +72,47 @@ pre-declared minimum effects (REL_EFFECT of the reference arm's pilot mean for a
 comparison, SLOPE_EFFECT nats per half-run for the log-slope, LOGLOG_EFFECT for a log-log slope),
 alpha 0.05 / (number of claims) (Holm's first step), 80% power, and at least MIN_SEEDS (the
 program costs about the same at 64 seeds as at 8).
+
+Results on this CPU (generated from results/ema_risk/table.md; do not edit by hand):
+
+## Paper claims
+
+Pre-declared metrics and rules (`experiments/averaging/ema_risk.py`); cells: mean [95% t interval] over seeds; a - b: paired t interval (a one-sample claim compares with its centre); exact: the same quantity from the exact expected risks (a slope of the log of the expected risk, which is not the mean of the per-seed log slopes).
+
+| claim (paper) | metric | a: mean [95%] | b (or centre) | a - b [95%] | exact a - b | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| Li & Gu 2025 (i): the variance error of SGD with EMA (T/10) is smaller than without averaging (final variance-part risk, all bands) | final variance-part risk (all bands) | EMA T/10 (decay 0.99821): 0.0388 [0.0381, 0.0395] | 0.17 [0.163, 0.177] | -0.131 [-0.138, -0.124] | -0.135 | 0.0169 | 1.4e-93 (4.2e-93) | 0.0001 | 207 | 0.00991 | ee9c881 (exploratory) | reproduced |
+| Li & Gu 2025 (i): the variance error of SGD with EMA (T/20) is smaller than without averaging (final variance-part risk, all bands) | final variance-part risk (all bands) | EMA T/20 (decay 0.99643): 0.055 [0.054, 0.056] | 0.17 [0.163, 0.177] | -0.115 [-0.122, -0.108] | -0.118 | 0.0169 | 2.12e-83 (4.24e-83) | 0.0001 | 207 | 0.00992 | ee9c881 (exploratory) | reproduced |
+| Li & Gu 2025 (i): the variance error of SGD with EMA (T/40) is smaller than without averaging (final variance-part risk, all bands) | final variance-part risk (all bands) | EMA T/40 (decay 0.99286): 0.0731 [0.0717, 0.0745] | 0.17 [0.163, 0.177] | -0.0968 [-0.104, -0.09] | -0.0998 | 0.0169 | 6.05e-72 (6.05e-72) | 0.0001 | 207 | 0.00978 | ee9c881 (exploratory) | reproduced |
+| Li & Gu 2025 (ii): EMA's bias error ends below uniform averaging's (top band) | final bias-part risk, top band | EMA T/20 (decay 0.99643): 3.05e-06 [2.92e-06, 3.18e-06] | 0.00245 [0.00239, 0.0025] | -0.00244 [-0.0025, -0.00239] | -0.00243 | 0.000252 | 4.94e-163 (1.98e-162) | 0.0001 | 207 | 8.04e-05 | ee9c881 (exploratory) | reproduced |
+| Li & Gu 2025 (ii): EMA's log bias error falls in t over the 2nd half (top band; least-squares slope below 0) | bias log-slope in t over the 2nd half, top band (nats per T/2 steps) | EMA T/20 (decay 0.99643): -4.61 [-4.65, -4.56] | 0 | -4.61 [-4.65, -4.56] | -4.6 | 0.5 | 1.56e-232 (1.41e-231) | 0.0001 | 207 | 0.0689 | ee9c881 (exploratory) | reproduced |
+| Li & Gu 2025 (ii): EMA's bias error falls faster than t^-2 over the 2nd half (top band; log-log slope below -2) | bias log-log slope over the 2nd half, top band | EMA T/20 (decay 0.99643): -6.69 [-6.76, -6.62] | -2 | -4.69 [-4.76, -4.62] | -4.68 | 0.25 | 5.09e-201 (2.54e-200) | 0.0001 | 207 | 0.1 | ee9c881 (exploratory) | reproduced |
+| Li & Gu 2025 (ii), contrast: uniform averaging's bias error decays only polynomially, no faster than t^-2 (top band; log-log slope above -2.25) | bias log-log slope over the 2nd half, top band | uniform average: -1.99 [-2, -1.99] | -2.25 | +0.257 [+0.254, +0.259] | +0.255 | 0.25 | 2.27e-251 (2.27e-250) | 0.0001 | 207 | 0.00311 | ee9c881 (exploratory) | reproduced |
+| Li & Gu 2025 (ii): EMA's bias error ends below uniform averaging's (middle band) | final bias-part risk, middle band | EMA T/20 (decay 0.99643): 4.15e-06 [3.99e-06, 4.32e-06] | 0.00591 [0.00582, 0.006] | -0.0059 [-0.00599, -0.00582] | -0.00589 | 0.000589 | 6.03e-202 (3.62e-201) | 0.0001 | 207 | 0.000125 | ee9c881 (exploratory) | reproduced |
+| Li & Gu 2025 (ii): EMA's log bias error falls in t over the 2nd half (middle band; least-squares slope below 0) | bias log-slope in t over the 2nd half, middle band (nats per T/2 steps) | EMA T/20 (decay 0.99643): -5.31 [-5.35, -5.26] | 0 | -5.31 [-5.35, -5.26] | -5.29 | 0.5 | 6.99e-256 (7.69e-255) | 0.0001 | 207 | 0.0611 | ee9c881 (exploratory) | reproduced |
+| Li & Gu 2025 (ii): EMA's bias error falls faster than t^-2 over the 2nd half (middle band; log-log slope below -2) | bias log-log slope over the 2nd half, middle band | EMA T/20 (decay 0.99643): -7.72 [-7.78, -7.65] | -2 | -5.72 [-5.78, -5.65] | -5.69 | 0.25 | 3.57e-230 (2.86e-229) | 0.0001 | 207 | 0.0878 | ee9c881 (exploratory) | reproduced |
+| Li & Gu 2025 (ii), contrast: uniform averaging's bias error decays only polynomially, no faster than t^-2 (middle band; log-log slope above -2.25) | bias log-log slope over the 2nd half, middle band | uniform average: -1.93 [-1.93, -1.93] | -2.25 | +0.319 [+0.317, +0.321] | +0.318 | 0.25 | 8.87e-278 (1.06e-276) | 0.0001 | 207 | 0.00288 | ee9c881 (exploratory) | reproduced |
+| Li & Gu 2025 (ii): EMA's bias error ends below uniform averaging's (bottom band) | final bias-part risk, bottom band | EMA T/20 (decay 0.99643): 3.95e-05 [3.84e-05, 4.06e-05] | 0.00895 [0.00884, 0.00906] | -0.00891 [-0.00902, -0.0088] | -0.00891 | 0.00093 | 5.04e-219 (3.53e-218) | 0.0001 | 207 | 0.000155 | ee9c881 (exploratory) | reproduced |
+| Li & Gu 2025 (ii): EMA's log bias error falls in t over the 2nd half (bottom band; least-squares slope below 0) | bias log-slope in t over the 2nd half, bottom band (nats per T/2 steps) | EMA T/20 (decay 0.99643): -4.46 [-4.48, -4.44] | 0 | -4.46 [-4.48, -4.44] | -4.46 | 0.5 | 0 (0) | 0.0001 | 207 | 0.0275 | ee9c881 (exploratory) | reproduced |
+| Li & Gu 2025 (ii): EMA's bias error falls faster than t^-2 over the 2nd half (bottom band; log-log slope below -2) | bias log-log slope over the 2nd half, bottom band | EMA T/20 (decay 0.99643): -6.47 [-6.5, -6.44] | -2 | -4.47 [-4.5, -4.44] | -4.46 | 0.25 | 3.03e-278 (3.93e-277) | 0.0001 | 207 | 0.04 | ee9c881 (exploratory) | reproduced |
+| Li & Gu 2025 (ii), contrast: uniform averaging's bias error decays only polynomially, no faster than t^-2 (bottom band; log-log slope above -2.25) | bias log-log slope over the 2nd half, bottom band | uniform average: -1.75 [-1.75, -1.74] | -2.25 | +0.503 [+0.501, +0.505] | +0.504 | 0.25 | 6.25e-309 (8.76e-308) | 0.0001 | 207 | 0.0032 | ee9c881 (exploratory) | reproduced |
+
+Exploratory: this table's design and its results landed in one commit, so no claim was declared before its run (experiments/declared.json); it stays out of the headline summary.
+
+Statistics: paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 207 seeds per arm; pooled seed SD up to 0.513; minimum detectable effect (80% power) 8.04e-05-0.1.
+
+Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome). An equivalence claim whose difference is significantly non-zero (95% interval), whatever its verdict, and a holding no-gain claim whose difference is, say so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline. A one-sample claim (b is a centre) is a paired claim against that constant.
+
+Verdicts: 15 reproduced, 0 trivial, 0 not reproduced, 0 inconclusive of 15; the exact expectations meet 15 of the 15 rules.
+
+(end of generated results)
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
 import os
-import shlex
 import sys
 import time
 
@@ -88,14 +124,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from experiments import docsync, harness  # noqa: E402
+from experiments import harness  # noqa: E402
 from experiments.averaging import report as avg_report  # noqa: E402
 from rlpost.eval import stats  # noqa: E402
 
 NAME = "ema_risk"
 PAPER = "Li & Gu 2025"
-README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
-DEFAULT_OUT = os.path.join("results", "averaging")
 
 # ------------------------------------------------------------------ pre-declared design
 EMA_KS = (10, 20, 40)  # EMA decays beta = 1 - k / T
@@ -560,8 +594,9 @@ def _cell(c: dict | None, digits: int = 3) -> str:
 
 
 def render(report: dict) -> str:
-  """ema_risk.md: settings, the judged claims, per-arm cells beside the exact values."""
+  """table.md: settings, the judged claims, per-arm cells beside the exact values."""
   p = problem(report["config"])
+  secs = report.get("unit_seconds", report["seconds"])
   d, s = report["data"], report["summary"]
   pr, power = d["problem"], d["power"]
   n = len(d["seed_ids"])
@@ -572,7 +607,7 @@ def render(report: dict) -> str:
   bands = ", ".join(f"{b} i = {lo + 1}..{hi + 1}" for b, (lo, hi) in pr["bands"].items())
   lines = [
       f"# EMA risk bounds for SGD: exact simulation ({PAPER})", "",
-      f"`{report['command']}`: {report['seconds']:.1f} s on {machine}.", "",
+      f"`{report['command']}`: {secs:.1f} s on {machine}.", "",
       "| setting | value |", "| --- | --- |",
       f"| seeds | {n} (ids {d['seed_ids'][0]}..{d['seed_ids'][-1]}); power needs "
       f"{power['seeds_needed']} (pilot: {len(d['pilot_seed_ids'])} seeds, ids "
@@ -591,7 +626,7 @@ def render(report: dict) -> str:
       f"of w_{pr['tail_start']}..w_t |",
       f"| primary metrics | {M_VAR}; per band: final bias-part risk, bias log-slope in t and "
       "log-log slope over t >= T/2 (least squares over the evaluations) |",
-      f"| wall time | {report['seconds']:.1f} s in all (pilot {d['seconds']['pilot']:.1f} s, main "
+      f"| wall time | {secs:.1f} s in all (pilot {d['seconds']['pilot']:.1f} s, main "
       f"{d['seconds']['main']:.1f} s, each with its compilation; exact expectations "
       f"{d['seconds']['oracle']:.1f} s) |",
       f"| min. detectable effect | {min(mdes):.3g}-{max(mdes):.3g} (80% power, per claim "
@@ -662,161 +697,103 @@ def render(report: dict) -> str:
             f"{sa['seeds_whose_risk_fell']} of {n} seeds.",
             "- The tail average equals the last iterate until T/2; its slopes over t >= T/2 "
             "include the switch at T/2.", ""]
-  return "\n".join(lines)
+  return "\n".join(lines) + "\n"
 
 
-README_MARK = "ema_risk"
-
-
-def readme_section(table: str) -> str:
-  """What experiments/averaging/README.md holds between its ema_risk markers: the table without
-  its title line."""
-  body = table.split("\n", 1)[1] if table.startswith("# ") else table
-  return (docsync.README_BEGIN.format(name=README_MARK) + "\n\n" + body.strip() + "\n\n"
-          + docsync.README_END.format(name=README_MARK))
-
-
-def sync_readme(table: str, path: str = README) -> bool:
-  """Rewrite the README's generated ema_risk section; True if the file changed."""
-  with open(path) as f:
-    text = f.read()
-  begin = docsync.README_BEGIN.format(name=README_MARK)
-  end = docsync.README_END.format(name=README_MARK)
-  if begin not in text or end not in text:
-    raise ValueError(f"{path} needs a generated section between {begin!r} and {end!r}")
-  start = text.index(begin)
-  stop = text.index(end, start) + len(end)
-  new = text[:start] + readme_section(table) + text[stop:]
-  if new != text:
-    with open(path, "w") as f:
-      f.write(new)
-  return new != text
-
-
-def _write_text(path: str, text: str) -> None:
-  """Write ``text`` to ``path`` through a temporary file and a rename (no partial file)."""
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
-
-
-def write(report: dict, out: str) -> dict:
-  """Judge ``report`` and write ema_risk.json and ema_risk.md into ``out``."""
-  report = harness.jsonable(dict(report, summary=summarize(report)))
-  harness.declare(NAME, report["summary"])
-  table = render(report)
-  os.makedirs(out, exist_ok=True)
-  _write_text(os.path.join(out, f"{NAME}.md"), table + "\n")
-  _write_text(os.path.join(out, f"{NAME}.json"), json.dumps(report))
-  print(table)
-  return report
-
-
-def main(argv=None) -> dict:
-  ap = argparse.ArgumentParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--quick", action="store_true", help="toy-size run (seconds)")
-  ap.add_argument("--seeds", type=int, help="main seeds (default: from the pilot's power plan)")
-  ap.add_argument("--out", help=f"output directory (default {DEFAULT_OUT})")
-  ap.add_argument("--rejudge", action="store_true",
-                  help="re-judge the ema_risk.json already in --out (no simulation)")
-  ap.add_argument("--replicate", action="store_true",
-                  help="rerun the committed table in --out at fresh seed ids and compare per "
-                       "claim (ema_risk-replication.md); --seeds defaults to the table's")
-  ap.add_argument("--seed-offset", type=int,
-                  help="with --replicate: the first fresh seed id (default 1000)")
-  args = ap.parse_args(argv)
-  if args.seeds is not None and args.seeds < 2:
-    ap.error("--seeds must be >= 2")
-  if args.replicate and (args.quick or args.rejudge):
-    ap.error("--replicate reruns the committed table: not with --quick or --rejudge")
-  if args.seed_offset is not None and not args.replicate:
-    ap.error("--seed-offset applies to --replicate only")
-  out = args.out or DEFAULT_OUT
-  if os.path.exists(out) and not os.path.isdir(out):
-    raise NotADirectoryError(f"--out {out} is a file; it must be a directory (or not exist)")
-  if args.replicate:
-    return replicate(out, seeds=args.seeds,
-                     seed_offset=1000 if args.seed_offset is None else args.seed_offset)
-  sync = args.out is None and not args.quick
-  if args.rejudge:
-    path = os.path.join(out, f"{NAME}.json")
-    with open(path) as f:
-      old = json.load(f)
-    report = write({k: v for k, v in old.items() if k != "summary"}, out)
-  else:
-    config = get_config(args.quick)
-    if args.seeds:
-      config["seeds"] = int(args.seeds)
-    t0 = time.perf_counter()
+def units(config: dict) -> dict:
+  """One unit, the whole simulation (``run``): the pilot's power plan sets the main run's seed
+  count, so the two run together."""
+  def simulation(progress) -> dict:
     data = run(config)
-    command = shlex.join(["python", "-m", "experiments.averaging.ema_risk",
-                          *(argv if argv is not None else sys.argv[1:])])
-    report = write({"experiment": NAME, "paper": PAPER, "command": command, "config": config,
-                    "machine": harness.machine(), "seconds": time.perf_counter() - t0,
-                    "data": data}, out)
-  if sync:
-    sync_readme(render(report))
-  return report
+    progress(1)
+    return data
+
+  return {"simulation": harness.Unit(spec=config, run=simulation)}
 
 
-def replicate(out: str, *, seeds: int | None = None, seed_offset: int = 1000) -> dict:
-  """Rerun the committed table (``out/ema_risk.json``) at main seed ids it did not use, judge it
-  as the table is judged and compare per claim (``harness.compare``): writes
-  ``out/ema_risk-replication.json`` and ``.md`` (printed), or, when those hold another seed
-  set, ``out/ema_risk-replication-<offset>x<seeds>.*`` beside them. Refuses, before any
-  simulation, a missing table and ids that overlap its main or pilot seeds."""
-  path = os.path.join(out, f"{NAME}.json")
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"--replicate: no committed {path}; run python -m "
-                            "experiments.averaging.ema_risk first")
-  with open(path) as f:
-    committed = json.load(f)
+def collect(config: dict, results: dict) -> dict:
+  """The report's ``data``: the simulation unit's result."""
+  return results["simulation"]
+
+
+def replicate(out_dir: str, seeds: int | None = None, seed_offset: int = 1000,
+              no_progress: bool = False, rejudge: bool = False) -> dict:
+  """Rerun the committed table (``out_dir/results.json``) at main seed ids it did not use, judge
+  it as the table is judged and compare per claim (``harness.compare``): writes
+  ``out_dir/replication/results.json`` and ``out_dir/replication.md`` (printed), or, when those
+  hold another seed set, ``out_dir/replication-<offset>x<seeds>/`` (``harness.replication_dir``).
+  Refuses, before any simulation, ids that overlap the committed main or pilot seeds. With
+  ``rejudge``, re-judges the replication in ``out_dir/replication`` without simulating."""
+  committed = harness.read_report(EXPERIMENT, out_dir)
+  if rejudge:
+    rep_dir = os.path.join(out_dir, "replication")
+    report = harness.read_report(EXPERIMENT, rep_dir)
+    return _write_replication(committed, report, rep_dir)
   old_ids = set(committed["data"]["seed_ids"]) | set(committed["data"]["pilot_seed_ids"])
   n = int(seeds or len(committed["data"]["seed_ids"]))
   if n < 2:
     raise ValueError(f"--seeds {n}: a replication needs >= 2 seeds")
   if seed_offset < 0 or old_ids & set(range(seed_offset, seed_offset + n)):
     raise ValueError(f"--seed-offset {seed_offset}: seed ids {seed_offset}-{seed_offset + n - 1} "
-                     f"overlap the committed table's main or pilot seeds (in {path}); a "
-                     "replication uses seeds the table did not use")
+                     f"overlap the committed table's main or pilot seeds (in "
+                     f"{os.path.join(out_dir, 'results.json')}); a replication uses seeds the "
+                     "table did not use")
   config = dict(committed["config"], seeds=n, seed_offset=seed_offset)
-  # The committed replication is rewritten only by the same seed set; another goes beside it.
-  stem = os.path.join(out, f"{NAME}-replication")
-  if os.path.exists(stem + ".json"):
-    with open(stem + ".json") as f:
-      prev = json.load(f)["config"]
-    if (prev.get("seeds"), prev.get("seed_offset")) != (n, seed_offset):
-      stem = os.path.join(out, f"{NAME}-replication-{seed_offset}x{n}")
-  t0 = time.perf_counter()
-  data = run(config)
-  secs = time.perf_counter() - t0
-  line = (f"python -m experiments.averaging.ema_risk --replicate --seeds {n} --seed-offset "
-          f"{seed_offset}")
-  report = harness.jsonable({
-      "experiment": NAME, "paper": PAPER, "command": line, "config": config,
-      "machine": harness.machine(), "seconds": secs, "unit_seconds": secs, "testbeds": [],
-      "data": data, "replication_of": {"commit": committed.get("machine", {}).get("commit"),
-                                       "seeds": len(committed["data"]["seed_ids"]),
-                                       "seed_offset": committed["config"].get("seed_offset", 0)}})
-  report["summary"] = harness.declare(NAME, summarize(report))
+  rep_dir = harness.replication_dir(out_dir, n, seed_offset)
+  os.makedirs(rep_dir, exist_ok=True)
+  results, secs, ran, provenance = harness.run_units(
+      units(config), os.path.join(rep_dir, "cache"), f"{NAME} replication", no_progress)
+  report = {"experiment": NAME, "paper": PAPER,
+            "command": f"python scripts/reproduce.py {NAME} --replicate --seeds {n} "
+                       f"--seed-offset {seed_offset}",
+            "config": config, "machine": harness.machine(), "seconds": secs.pop("_total"),
+            "unit_seconds": sum(secs.values()), "units_run": ran, "units": provenance,
+            "testbeds": [], "data": collect(config, results),
+            "replication_of": {"commit": committed.get("machine", {}).get("commit"),
+                               "seeds": len(committed["data"]["seed_ids"]),
+                               "seed_offset": committed["config"].get("seed_offset", 0)}}
+  return _write_replication(committed, report, rep_dir)
+
+
+def _write_replication(committed: dict, report: dict, rep_dir: str) -> dict:
+  """Judge the replication ``report`` and the committed table, write the replication's
+  results.json and its markdown (beside ``replication/``, inside any other directory)."""
+  report = harness.jsonable(dict(report, summary=harness.declare(NAME, summarize(report))))
   # the committed config may leave its seed count to the power plan: name the count it ran
   committed = harness.jsonable(dict(
       committed, summary=harness.declare(NAME, summarize(committed)),
       config=dict(committed["config"], seeds=len(committed["data"]["seed_ids"]))))
   rows = harness.compare(committed["summary"], report["summary"])
   text = harness.replication_markdown(
-      NAME, committed, report, rows, line,
+      NAME, committed, report, rows, report["command"],
       scope="Every risk is exact (no test sample), so the test compares sample streams (seeds) "
             "only.",
-      wall=f"Wall time: {secs:.1f} s (pilot, main run and exact expectations, each with its "
-           f"compilation). {harness.provenance_note(report)}")
-  _write_text(stem + ".json", json.dumps(report))
-  _write_text(stem + ".md", text)
+      wall=f"Wall time: {report['unit_seconds']:.1f} s (pilot, main run and exact expectations, "
+           f"each with its compilation). {harness.provenance_note(report)}")
+  harness.write_json(os.path.join(rep_dir, "results.json"), report)
+  md = (os.path.join(os.path.dirname(rep_dir), "replication.md")
+        if os.path.basename(rep_dir) == "replication" else os.path.join(rep_dir, "replication.md"))
+  with open(md, "w") as f:
+    f.write(text)
   print(text)
-  print(f"written: {stem}.md and {stem}.json")
-  return {"report": report, "rows": rows, "markdown": stem + ".md"}
+  print(f"written: {md} and {os.path.join(rep_dir, 'results.json')}")
+  return {"report": report, "rows": rows, "markdown": md}
+
+
+EXPERIMENT = harness.Experiment(name=NAME, get_config=get_config, units=units,
+                                summarize=summarize, render=render, collect=collect,
+                                module=__name__, pinned=False, replicate_own=replicate)
+
+
+def main(argv=None):
+  """The former entry point: ``python -m experiments.averaging.ema_risk ARGS`` runs
+  ``python scripts/reproduce.py ema_risk ARGS``."""
+  from scripts import reproduce
+
+  argv = list(sys.argv[1:] if argv is None else argv)
+  print(f"python -m {__name__} is python scripts/reproduce.py {NAME} (results/{NAME})",
+        file=sys.stderr)
+  return reproduce.main([NAME, *argv])
 
 
 if __name__ == "__main__":

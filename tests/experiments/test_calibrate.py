@@ -1,9 +1,17 @@
-"""The testbed calibration (issue 16, step 1): ``--quick`` runs end to end and writes the
-results.json and table.md structure (not the numbers)."""
+"""The testbed calibration (issue 16, step 1): ``--quick`` runs end to end on the harness and
+writes the results.json and table.md structure (not the numbers); the committed results re-judge
+to the committed table."""
 
+import copy
 import json
+import os
+import shutil
 
-from experiments import calibrate
+import pytest
+
+from experiments import calibrate, harness
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_arms_and_units_share_identical_specs():
@@ -47,3 +55,31 @@ def test_calibrate_quick(tmp_path):
   # a rerun trains nothing (every arm comes from the cache)
   again = calibrate.main(["--quick", "--out", str(out), "--no-progress"])
   assert again["units_run"] == []
+  assert set(again["units"]) == set(calibrate.units(config))  # provenance of every arm
+  table = (out / "table.md").read_text()
+  calibrate.main(["--rejudge", "--out", str(out)])
+  assert (out / "table.md").read_text() == table
+
+
+def test_committed_results_rejudge_to_the_committed_table(tmp_path):
+  src = os.path.join(ROOT, "results", "calibration")
+  out = tmp_path / "calibration"
+  shutil.copytree(src, out, ignore=shutil.ignore_patterns("cache"))
+  calibrate.main(["--rejudge", "--out", str(out)])
+  with open(os.path.join(src, "table.md")) as f:
+    assert (out / "table.md").read_text() == f.read()
+
+
+def test_the_step0_guard_knows_the_rebuilt_start():
+  with open(os.path.join(ROOT, "results", "calibration", "results.json")) as f:
+    report = json.load(f)
+  # the committed pilot mixes two SFT starts: the generic guard refuses it
+  with pytest.raises(harness.MixedStarts):
+    harness.check_same_start(report["data"])
+  harness.check_starts(calibrate.EXPERIMENT, report)  # each arm against those of its start
+  # any other arm from another start is still refused
+  bad = copy.deepcopy(report)
+  arm = bad["data"]["b23-lr1e-4-kl0/G8/s0x2"]
+  arm["evals"][0]["per_seed"][0] = dict(arm["evals"][0]["per_seed"][0], **{"pass@1": 0.1575})
+  with pytest.raises(harness.MixedStarts):
+    harness.check_starts(calibrate.EXPERIMENT, bad)

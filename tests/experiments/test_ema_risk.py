@@ -1,17 +1,21 @@
 """The EMA risk-bound simulation (experiments/averaging/ema_risk.py): the closed-form risk, the
 exact bias-variance decomposition, the exact expectations, the averaging recursions by hand, and
-the --quick run's outputs."""
+the --quick run's outputs through scripts/reproduce.py (its generated docs:
+tests/experiments/test_docsync.py)."""
 
 import dataclasses
 import json
 import os
+import shutil
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments import harness
 from experiments.averaging import ema_risk as M
 from rlpost import averaging
+from scripts import reproduce
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -90,13 +94,14 @@ def test_sgd_step_is_the_sgd_update_on_the_error():
   np.testing.assert_allclose(out[0], w - w_star - eta * (x @ (w - w_star)) * x, rtol=1e-6)
 
 
-def test_quick_run_writes_the_declared_outputs(tmp_path):
-  out = tmp_path / "averaging"
-  report = M.main(["--quick", "--out", str(out)])
-  res = json.loads((out / "ema_risk.json").read_text())
-  assert {"experiment", "paper", "command", "config", "machine", "seconds", "data",
-          "summary"} <= set(res)
-  assert res["command"] == f"python -m experiments.averaging.ema_risk --quick --out {out}"
+def test_quick_run_writes_the_declared_outputs(tmp_path, capsys):
+  out = tmp_path / "ema_risk"
+  report = reproduce.main(["ema_risk", "--quick", "--out", str(out), "--no-progress"])
+  res = json.loads((out / "results.json").read_text())
+  assert {"experiment", "command", "config", "machine", "seconds", "unit_seconds", "units",
+          "data", "summary"} <= set(res)
+  assert res["experiment"] == "ema_risk" and res["units_run"] == ["simulation"]
+  assert res["command"] == "python scripts/reproduce.py ema_risk --quick"
   data = res["data"]
   assert {"problem", "seed_ids", "pilot_seed_ids", "power", "per_seed", "curves",
           "oracle_curves", "decomposition_gap", "seconds"} <= set(data)
@@ -115,25 +120,36 @@ def test_quick_run_writes_the_declared_outputs(tmp_path):
     assert np.asarray(data["per_seed"][key]).shape == shape
   assert np.asarray(data["curves"]["mean"]).shape == (p.evals + 1, len(p.arms), 3, 3)
   assert np.asarray(data["oracle_curves"]).shape == (p.evals + 1, len(p.arms), 2, 3)
-  table = (out / "ema_risk.md").read_text()
+  table = (out / "table.md").read_text()
   assert table.startswith("# EMA risk bounds for SGD")
   for row in ("| seeds |", "| steps |", "| d |", "| spectrum |", "| step size |", "| decays |",
               "| primary metrics |", "| wall time |", "| min. detectable effect |", "| verdict |"):
     assert row in table
   assert report["summary"] == res["summary"]
-  # re-judging the written results gives the same verdicts without simulating
-  again = M.main(["--quick", "--out", str(out), "--rejudge"])
-  assert again["summary"]["verdicts"] == res["summary"]["verdicts"]
+  # a rerun simulates nothing; re-judging gives the same table without simulating
+  again = reproduce.main(["ema_risk", "--quick", "--out", str(out), "--no-progress"])
+  assert again["units_run"] == [] and again["summary"] == res["summary"]
+  reproduce.main(["ema_risk", "--rejudge", "--out", str(out)])
+  assert (out / "table.md").read_text() == table
+  # the former entry point runs the same
+  capsys.readouterr()
+  M.main(["--quick", "--out", str(out), "--no-progress"])
+  assert "python scripts/reproduce.py ema_risk" in capsys.readouterr().err
+  assert (out / "table.md").read_text() == table
 
 
 def test_replication_reruns_the_committed_table_at_fresh_seed_ids(tmp_path, capsys):
-  out = tmp_path / "averaging"
-  res = M.main(["--quick", "--out", str(out)])
-  committed = (out / "ema_risk.json").read_bytes()
+  out = tmp_path / "ema_risk"
+  res = reproduce.main(["ema_risk", "--quick", "--out", str(out), "--no-progress"])
+  committed = (out / "results.json").read_bytes()
   n = len(res["data"]["seed_ids"])
-  rep = M.main(["--replicate", "--out", str(out), "--seed-offset", "500"])
-  assert (out / "ema_risk.json").read_bytes() == committed  # what it reads is kept
-  new = json.loads((out / "ema_risk-replication.json").read_text())
+
+  def replicate(*args):
+    return reproduce.main(["ema_risk", "--replicate", "--out", str(out), "--no-progress", *args])
+
+  rep = replicate("--seed-offset", "500")
+  assert (out / "results.json").read_bytes() == committed  # what it reads is kept
+  new = json.loads((out / "replication" / "results.json").read_text())
   assert new["data"]["seed_ids"] == list(range(500, 500 + n))
   assert new["config"] == dict(res["config"], seeds=n, seed_offset=500)
   ids = [r["claim"]["id"] for r in res["summary"]["claims"]]
@@ -142,28 +158,31 @@ def test_replication_reruns_the_committed_table_at_fresh_seed_ids(tmp_path, caps
   assert len(moved) == len(ids)  # fresh sample streams: every estimate differs
   for r in rep["rows"]:
     assert r["change"] is not None and 0 <= r["change"]["p"] <= 1
-  text = (out / "ema_risk-replication.md").read_text()
+  text = (out / "replication.md").read_text()
   assert text in capsys.readouterr().out
   assert f"{n} fresh seeds (from 500; the committed table used {n} seeds from 0)" in text
   assert "compares sample streams (seeds) only" in text and "Changes significant at" in text
   assert "Wall time: " in text and " s (pilot, main run and exact expectations" in text
+  # re-judging the replication rewrites the same markdown without simulating
+  replicate("--rejudge")
+  assert (out / "replication.md").read_text() == text
   # another seed set goes beside the committed replication; the same one rewrites it
-  replication = (out / "ema_risk-replication.md").read_bytes()
-  other = M.main(["--replicate", "--out", str(out), "--seed-offset", "900", "--seeds", "4"])
-  assert other["markdown"] == str(out / "ema_risk-replication-900x4.md")
-  assert (out / "ema_risk-replication.md").read_bytes() == replication
-  assert (out / "ema_risk-replication-900x4.json").exists()
-  again = M.main(["--replicate", "--out", str(out), "--seed-offset", "500"])
-  assert again["markdown"] == str(out / "ema_risk-replication.md")
+  other = replicate("--seed-offset", "900", "--seeds", "4")
+  assert other["markdown"] == str(out / "replication-900x4" / "replication.md")
+  assert (out / "replication.md").read_text() == text
+  assert (out / "replication-900x4" / "results.json").exists()
+  again = replicate("--seed-offset", "500")
+  assert again["markdown"] == str(out / "replication.md")
+  assert again["report"]["units_run"] == []  # from the replication's cache
   with pytest.raises(SystemExit) as e:
-    M.main(["--out", str(out), "--seed-offset", "500"])
+    reproduce.main(["ema_risk", "--out", str(out), "--seed-offset", "500"])
   assert e.value.code == 2
   # ids the table used (main or pilot) are refused before any simulation
   for offset in (0, M.PILOT_SEED_BASE - 1):
     with pytest.raises(ValueError, match=f"--seed-offset {offset}: seed ids .* overlap"):
-      M.main(["--replicate", "--out", str(out), "--seed-offset", str(offset)])
+      replicate("--seed-offset", str(offset))
   with pytest.raises(FileNotFoundError, match="no committed"):
-    M.main(["--replicate", "--out", str(tmp_path / "none")])
+    reproduce.main(["ema_risk", "--replicate", "--out", str(tmp_path / "none")])
 
 
 def test_quick_run_moved(tmp_path):
@@ -178,11 +197,14 @@ def test_quick_run_moved(tmp_path):
   assert np.all(np.abs(final[:, 1] - final[:, 0]) > 1e-3 * final[:, 0])  # EMA is not w_T
 
 
-def test_readme_section_is_the_committed_table():
-  path = os.path.join(ROOT, "results", "averaging", "ema_risk.md")
-  with open(path) as f:
-    section = M.readme_section(f.read().rstrip("\n"))
-  with open(M.README) as f:
-    assert section in f.read(), ("experiments/averaging/README.md is out of date with "
-                                 "results/averaging/ema_risk.md: rerun "
-                                 "python -m experiments.averaging.ema_risk")
+def test_committed_results_rejudge_to_the_committed_tables(tmp_path):
+  """results/ema_risk/results.json alone regenerates table.md, and with replication/results.json
+  the replication.md (no simulation)."""
+  src = os.path.join(ROOT, "results", "ema_risk")
+  out = tmp_path / "ema_risk"
+  shutil.copytree(src, out, ignore=shutil.ignore_patterns("cache"))
+  harness.rejudge(M.EXPERIMENT, str(out))
+  M.replicate(str(out), rejudge=True)
+  for name in ("table.md", "replication.md"):
+    with open(os.path.join(src, name)) as f:
+      assert (out / name).read_text() == f.read(), name
