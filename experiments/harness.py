@@ -6,8 +6,7 @@ their spec and of the code they run, so a rerun computes only the missing ones; 
 keeps the config, the machine, and every per-seed value and evaluation point; ``rejudge``
 re-judges it without training, ``replicate`` reruns its main arms at fresh seeds, ``recheck``
 retrains committed arms on this machine, and ``run_full`` judges full-size run directories with
-the same code; ``experiments/docsync.py`` copies ``table.md`` into the README and the module
-docstring.
+the same code; ``experiments/docsync.py`` copies ``table.md`` into the table's README.
 
 What it runs on: ``experiments/claims.py`` (claims as data and their judging),
 ``experiments/report.py`` (verdict rows, notes, cells, the machine record) and
@@ -89,7 +88,7 @@ class Experiment:
     plot: ``plot(results, out_dir) -> [paths]`` (from ``results`` alone, error bars over seeds).
     collect: ``collect(config, units) -> data``: what ``results.json`` keeps of the unit results
       (every per-seed value and evaluation point); default: the units' JSON parts.
-    module: the module whose docstring ends with the generated results block (docsync).
+    module: the table's module (dotted name); its README sits beside it unless ``readme``.
     readme: the README holding the generated results between ``docsync`` markers.
     full: ``full(runs_dir, prefix) -> (config, data)``: the full-size runs under ``runs_dir``
       (``collect_runs`` over the ``experiments/*/full.py`` arms whose names start with
@@ -218,7 +217,7 @@ def _import_closure(files: Sequence[str]) -> list[str]:
 
 def _code_text(path: str) -> str:
   """A source file as its syntax tree without docstrings (comments and layout do not reach the
-  tree): what the code does, not the results blocks that docsync writes into docstrings."""
+  tree): what the code does, not its documentation."""
   import ast
 
   with open(path, encoding="utf-8") as f:
@@ -486,8 +485,8 @@ def run_units(units: Mapping[str, Unit], cache_dir: str, desc: str, no_progress:
 
 def write(exp: Experiment, report: dict, out_dir: str, *, sync_docs: bool = False) -> dict:
   """Judge ``report`` (``exp.summarize``), then write ``results.json``, ``table.md`` and the
-  plots into ``out_dir`` (each file replaced atomically); with ``sync_docs``, the module's
-  docstring block and the README's results section too."""
+  plots into ``out_dir`` (each file replaced atomically); with ``sync_docs``, the table's
+  README's results section too."""
   if not report.get("full"):
     check_starts(exp, report)
   report = jsonable(dict(report, summary=exp.summarize(report)))

@@ -36,40 +36,10 @@ groups (A = 0), which the share still counts.
 The paper's own setup at full size (accelerators, not run here): ``experiments/ace/full.py``.
 
 Outputs in ``--out`` (default ``results/ace``): ``table.md``, ``results.json``, ``passk.png``,
-``training.png``; finished arms are cached under ``cache/``. The block below is generated from
-``results/ace/table.md``; until the table is regenerated with this design it holds the previous
-design's results (1-4 digits, KL 0.04, 8 prompts per step, 200 steps, 10 seeds).
+``training.png``; finished arms are cached under ``cache/``.
 
-Results on this CPU (generated from results/ace/table.md; do not edit by hand):
-
-`python scripts/reproduce.py ace`: 8 seeds per arm (8 from power: pilot SD 0.0075, minimum effect 0.015, 80% power, alpha 0.05; floor 8), 100 RL steps, G=8, band 2-3 digit addition, 0/1 reward, 64 prompts per step, lr 0.0001, no KL. Primary metric: test pass@64 (200 problems x 64 samples), the mean of each seed's last 3 evaluations. Minimum detectable effect of the ACE claims: 0.008-0.014. Wall time: 26.2 min of training and evaluation over all arms (this invocation 26.2 min; cached arms are not rerun). Run on AMD EPYC, 2 CPU cores, jax 0.10.2 on cpu at commit 87f69db, from the pinned testbed 2fd651497158c750 (experiments/testbeds). Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key). SFT start: pass@1 0.247, pass@2 0.359, pass@4 0.473, pass@8 0.584, pass@16 0.691, pass@32 0.782, pass@64 0.855, token entropy 0.601.
-
-## Paper claims (main arm, pre-declared: ace-softplus-mul-0.5)
-
-The gate (GRPO's pass@1 over the SFT start, one-sample t against it) must pass before the ACE claims are read:
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| grpo gains pass@1 over the SFT start | grpo - 0.246641: +0.089 [+0.084, +0.095] | 0 | 7.99e-10 (7.99e-10) | 0.00391 | 8 | 0.007 | 69d852e | reproduced |
-
-Gate passed: GRPO learns.
-
-ace-softplus-mul-0.5 against grpo, 8 seeds per arm; one Holm family of 5 claims. Exploratory arms are not judged.
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| pass@64 improves | ace-softplus-mul-0.5: +0.010 [+0.000, +0.020] | 0.015 | 0.025 (0.05) | 0.0179 | 8 vs 8 | 0.014 | e65fa44 | reproduced; near its threshold (the deciding bound is 0.002 from it, under half the minimum detectable effect 0.014) |
-| pass@1 holds (within 0.01) | ace-softplus-mul-0.5: -0.009 [-0.015, -0.003] | +-0.01 | 0.382 (0.382) | 0.0188 | 8 vs 8 | 0.010 | e65fa44 | inconclusive; but a - b is significantly below 0 (95% interval [-0.016, -0.002]) |
-| pass@k gains grow with k (per seed: pass@64 - pass@1) | ace-softplus-mul-0.5: +0.019 [+0.010, +0.028] | 0.015 | 0.000277 (0.00111) | 0.0001 | 8 vs 8 | 0.012 | e65fa44 | reproduced |
-| fewer overconfident errors | ace-softplus-mul-0.5: -0.024 [-0.031, -0.018] | 0 | 1.98e-06 (9.91e-06) | 0.0001 | 8 vs 8 | 0.009 | e65fa44 | reproduced |
-| slower entropy collapse (higher token entropy) | ace-softplus-mul-0.5: +0.009 [+0.003, +0.015] | 0 | 0.00498 (0.015) | 0.0032 | 8 vs 8 | 0.008 | e65fa44 | reproduced; near its threshold (the deciding bound is 0.004 from it, under half the minimum detectable effect 0.008) |
-
-Statistics: TOST (Welch), margin 0.01; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.00903; minimum detectable effect (80% power) 0.008-0.0136.
-
-Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome); an equivalence claim (margin 0.01) is *reproduced* when TOST rejects (Holm-adjusted), *not reproduced* when its 90% interval lies wholly outside the margin, *inconclusive* otherwise. An equivalence claim whose difference is significantly non-zero (95% interval), whatever its verdict, and a holding no-gain claim whose difference is, say so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline.
-"pass@k gains grow with k" is judged on each seed's pass@64 - pass@1: the arms are unpaired, so ACE minus GRPO of its means is the gain at k = 64 minus the gain at k = 1. It is therefore close to implied by the two claims before it (pass@64 improves, pass@1 holds): not independent evidence.
-
-(end of generated results)
+The numbers this table last produced are in ``results/ace/table.md``, and copied into the results
+section of ``experiments/ace/README.md`` by ``experiments/docsync.py``.
 """
 
 from __future__ import annotations

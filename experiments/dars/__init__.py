@@ -44,43 +44,12 @@ The paper's own setup at full size (accelerators, not run here): ``experiments/d
 seed; the equal-treatment arms in the CPU arms' places, ``FULL_ARMS``) with this table's code.
 
 Outputs in ``--out`` (default ``results/dars``): ``table.md``, ``results.json``, ``passk.png``,
-``cumulative_advantage.png``; finished arms are cached under ``cache/``. The block below is
-generated from ``results/dars/table.md`` (the design run from the pinned start; its 110 min of
-units were shared with other jobs: about 55 min alone).
+``cumulative_advantage.png``; finished arms are cached under ``cache/``. The committed table ran
+this design from the pinned start; its 110 min of units were shared with other jobs (about 55 min
+alone).
 
-Results on this CPU (generated from results/dars/table.md; do not edit by hand):
-
-`python scripts/reproduce.py dars`: 8 seeds per arm (8 from power: pilot SD 0.0075, minimum effect 0.02, 80% power, alpha 0.05; floor 8), 100 RL steps (breadth arms: 25 steps of 4x the prompts), band 2-3 digit addition, 0/1 reward, 64 prompts per step, lr 0.0001, DARS objective. Primary metrics: test pass@64 and pass@1 (200 problems x 64 samples), the mean of each seed's last 3 evaluations. Minimum detectable effect of the claims: 0.012-0.026. Wall time: 110.2 min of training and evaluation over all arms (this invocation 21.7 min; cached arms are not rerun). Run on AMD EPYC, 2 CPU cores, jax 0.10.2 on cpu at commit 75d114a, from the pinned testbed 2fd651497158c750 (experiments/testbeds). Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key). SFT start: pass@1 0.247, pass@4 0.473, pass@16 0.691, pass@64 0.855, pass@1 (3-digit) 0.189, pass@4 (3-digit) 0.410, pass@16 (3-digit) 0.595, pass@64 (3-digit) 0.769.
-
-## Paper claims
-
-The gate (grpo-n8's pass@1 over the SFT start, one-sample t against it) must pass before the DARS claims are read:
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| grpo-n8 gains pass@1 over the SFT start | grpo-n8 - 0.246641: +0.091 [+0.082, +0.100] | 0 | 2.36e-08 (2.36e-08) | 0.00391 | 8 | 0.011 | f0d156c | reproduced |
-
-Gate passed: the base learns.
-
-8 seeds per arm; one Holm family of 7 claims. The breadth arms make 50 optimizer updates against 200 for grpo-n8 (DARS-B's recipe: full-batch updates over 2 epochs), so the breadth claims are about that recipe, not batch size alone.
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| naively larger N gives no pass@64 gain | grpo-n16: +0.004 [-0.012, +0.020] | 0.02 | 0.0221 (0.11) | 0.0259 | 8 vs 8 | 0.021 | 8b6ce4f | inconclusive |
-| DARS improves pass@64 | dars-et: +0.009 [-0.010, +0.027] | 0.02 | 0.167 (0.501) | 0.171 | 8 vs 8 | 0.026 | 8b6ce4f | inconclusive |
-| DARS improves pass@64 over the naive N of the same sampled rollouts | dars-et: +0.005 [-0.011, +0.020] | 0.02 | 0.261 (0.501) | 0.275 | 8 vs 8 | 0.021 | f0d156c | not reproduced; near its threshold (the deciding bound is 0.003 from it, under half the minimum detectable effect 0.021) |
-| breadth improves pass@1 | grpo-b: +0.004 [-0.005, +0.013] | 0.02 | 0.181 (0.501) | 0.174 | 8 vs 8 | 0.012 | f0d156c | not reproduced |
-| DARS-B improves pass@1 | dars-b: +0.005 [-0.004, +0.014] | 0.02 | 0.101 (0.404) | 0.0934 | 8 vs 8 | 0.012 | 8b6ce4f | not reproduced |
-| DARS-B improves pass@64 | dars-b: +0.049 [+0.033, +0.064] | 0.02 | 1.21e-05 (8.44e-05) | 0.0001 | 8 vs 8 | 0.021 | 8b6ce4f | reproduced |
-| depth adds pass@64 on top of breadth | dars-b: +0.013 [+0.003, +0.023] | 0.02 | 0.00672 (0.0403) | 0.0076 | 8 vs 8 | 0.014 | f0d156c | reproduced; near its threshold (the deciding bound is 0.001 from it, under half the minimum detectable effect 0.014) |
-
-Statistics: Welch interval and one-sided Welch test; Welch interval and one-sided Welch test against +sesoi at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.0171; minimum detectable effect (80% power) 0.012-0.0257.
-
-Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome); a no-gain claim is *reproduced* when the one-sided test that a - b < +SESOI rejects (Holm-adjusted), *not reproduced* when its 95% interval lies wholly above +SESOI, *inconclusive* otherwise. An equivalence claim whose difference is significantly non-zero (95% interval), whatever its verdict, and a holding no-gain claim whose difference is, say so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline.
-
-Sanity check (holds by algebra, not a reproduction): the mean-only cumulative advantage peaks at accuracy 0.5: peak at 0.5, holds.
-
-(end of generated results)
+The numbers this table last produced are in ``results/dars/table.md``, and copied into the results
+section of ``experiments/dars/README.md`` by ``experiments/docsync.py``.
 """
 
 from __future__ import annotations

@@ -41,83 +41,10 @@ The paper's own setup at full size (accelerators, not run here): ``experiments/m
 
 Outputs in ``--out`` (default ``results/mc_grpo``): ``table.md``, ``results.json``,
 ``learning_curves.png``, ``sign_flips.png``; finished arms are cached under ``cache/`` and not
-rerun. The block below is generated from ``results/mc_grpo/table.md``; until the table is
-regenerated with this design it holds the previous design's results (1-4 digits, 0/1 reward,
-8 prompts per step, 250 steps, 6 seeds).
+rerun.
 
-Results on this CPU (generated from results/mc_grpo/table.md; do not edit by hand):
-
-`python scripts/reproduce.py mc_grpo`: 8 seeds per arm (8 from power: pilot SD 0.0078, minimum effect 0.0125, 80% power, alpha 0.05; floor 8), 100 RL steps, band 2-3 digit addition, graded reward, 64 prompts per step, lr 0.0001, no KL; the same arms on the 0/1 reward as a secondary table. Primary metric: test pass@1 (300 problems x 8 samples), the mean of each seed's last 3 evaluations. SFT start: 0.244. Minimum detectable effect of the variant claims: 0.007-0.010. Wall time: 163.2 min of training and evaluation over all arms (this invocation 63.1 min; cached arms are not rerun). Run on AMD EPYC, 2 CPU cores, jax 0.10.2 on cpu at commit 4c1bc8a, from the pinned testbed 2fd651497158c750 (experiments/testbeds). Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key).
-
-## Paper claims
-
-The testbed gate (one Holm family: GRPO's gains over the SFT start, one-sample t against it) must pass before the variant claims are read:
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| GRPO at G=8 gains over the SFT start | G8-mean - 0.244167: +0.090 [+0.088, +0.093] | 0 | 2.71e-12 (5.42e-12) | 0.00391 | 8 | 0.003 | e307ab4 | reproduced |
-| GRPO at G=2 gains over the SFT start | G2-mean - 0.244167: +0.074 [+0.068, +0.080] | 0 | 5.23e-09 (5.23e-09) | 0.00391 | 8 | 0.007 | e307ab4 | reproduced |
-
-Gate passed: GRPO learns at both G.
-
-Variant claims (one Holm family), 8 seeds per arm:
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| the median at G=2 comes within 1% of G=8 | G8-mean: +0.025 [+0.020, +0.029] | +-0.01 | 1 (1) | 0.0002 | 8 vs 8 | 0.007 | 5183d8b | not reproduced; but a - b is significantly above 0 (95% interval [+0.019, +0.030]) |
-| median beats the mean baseline at G=2 | G2-median: -0.008 [-0.015, -0.001] | 0.0125 | 0.989 (1) | 0.987 | 8 vs 8 | 0.010 | 5183d8b | not reproduced; near its threshold (the deciding bound is 0.001 from it, under half the minimum detectable effect 0.010) |
-| median beats the unbiased same-compute control at G=2 | G2-median: -0.005 [-0.011, +0.001] | 0.0125 | 0.953 (1) | 0.953 | 8 vs 8 | 0.009 | e307ab4 | not reproduced; near its threshold (the deciding bound is 0.002 from it, under half the minimum detectable effect 0.009) |
-| median beats the official same-compute ablation at G=2 | G2-median: -0.011 [-0.018, -0.005] | 0.0125 | 0.999 (1) | 0.998 | 8 vs 8 | 0.009 | e307ab4 | not reproduced; near its threshold (the deciding bound is 0.005 from it, under half the minimum detectable effect 0.009) |
-
-Statistics: TOST (Welch), margin 0.01; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.00637; minimum detectable effect (80% power) 0.00692-0.00959.
-
-### Secondary table: the same claims on the 0/1 reward
-
-Pre-declared as secondary: its own gate and Holm families, judged the same way.
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| GRPO at G=8 gains over the SFT start | 01-G8-mean - 0.244167: +0.087 [+0.082, +0.092] | 0 | 3.92e-10 (7.84e-10) | 0.00391 | 8 | 0.006 | d627d96 (exploratory) | reproduced |
-| GRPO at G=2 gains over the SFT start | 01-G2-mean - 0.244167: +0.061 [+0.053, +0.070] | 0 | 2.58e-07 (2.58e-07) | 0.00391 | 8 | 0.011 | d627d96 (exploratory) | reproduced |
-
-Gate passed: GRPO learns at both G on the 0/1 reward.
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| the median at G=2 comes within 1% of G=8 | 01-G8-mean: +0.023 [+0.017, +0.029] | +-0.01 | 0.999 (1) | 0.0004 | 8 vs 8 | 0.010 | d627d96 (exploratory) | not reproduced; but a - b is significantly above 0 (95% interval [+0.016, +0.030]) |
-| median beats the mean baseline at G=2 | 01-G2-median: +0.003 [-0.007, +0.012] | 0.0125 | 0.285 (1) | 0.289 | 8 vs 8 | 0.013 | d627d96 (exploratory) | not reproduced; near its threshold (the deciding bound is 0.002 from it, under half the minimum detectable effect 0.013) |
-| median beats the unbiased same-compute control at G=2 | 01-G2-median: -0.001 [-0.010, +0.008] | 0.0125 | 0.598 (1) | 0.604 | 8 vs 8 | 0.012 | d627d96 (exploratory) | not reproduced; near its threshold (the deciding bound is 0.004 from it, under half the minimum detectable effect 0.012) |
-| median beats the official same-compute ablation at G=2 | 01-G2-median: -0.014 [-0.021, -0.007] | 0.0125 | 1 (1) | 0.999 | 8 vs 8 | 0.009 | d627d96 (exploratory) | not reproduced |
-
-Statistics: TOST (Welch), margin 0.01; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.00883; minimum detectable effect (80% power) 0.00935-0.0133.
-
-### Over other bases: the median at G=2 over DAPO and Dr.GRPO (graded reward)
-
-The paper's "orthogonal to the base" claim: each base's own G=2 mean arm must gain over the SFT start (its own gate family), then median vs mean over that base (one Holm family).
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| DAPO at G=2 gains over the SFT start | dapo-G2-mean - 0.244167: +0.067 [+0.061, +0.073] | 0 | 2.44e-08 (2.44e-08) | 0.00391 | 8 | 0.008 | 383ff97 (exploratory) | reproduced |
-| Dr.GRPO at G=2 gains over the SFT start | dr_grpo-G2-mean - 0.244167: +0.070 [+0.064, +0.076] | 0 | 8.72e-09 (1.74e-08) | 0.00391 | 8 | 0.007 | 383ff97 (exploratory) | reproduced |
-
-Gate passed: every base learns at G=2.
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| over DAPO, the median beats the mean baseline at G=2 | dapo-G2-median: -0.005 [-0.013, +0.002] | 0.0125 | 0.92 (1) | 0.918 | 8 vs 8 | 0.010 | 383ff97 (exploratory) | not reproduced; near its threshold (the deciding bound is 0.001 from it, under half the minimum detectable effect 0.010) |
-| over Dr.GRPO, the median beats the mean baseline at G=2 | dr_grpo-G2-median: -0.004 [-0.012, +0.004] | 0.0125 | 0.846 (1) | 0.838 | 8 vs 8 | 0.011 | 383ff97 (exploratory) | not reproduced; near its threshold (the deciding bound is 0.002 from it, under half the minimum detectable effect 0.011) |
-
-Statistics: Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.00723; minimum detectable effect (80% power) 0.0104-0.0109.
-
-Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome); an equivalence claim (margin 0.01) is *reproduced* when TOST rejects (Holm-adjusted), *not reproduced* when its 90% interval lies wholly outside the margin, *inconclusive* otherwise. An equivalence claim whose difference is significantly non-zero (95% interval), whatever its verdict, and a holding no-gain claim whose difference is, say so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline.
-
-| claim (paper) | ours: a - b [interval] | z | p | rollouts | verdict |
-| --- | --- | --- | --- | --- | --- |
-| the median gives fewer opposite-sign advantages (graded reward) | median G=2: -0.039 [-0.042, -0.036] (0.011 vs 0.050) | -26.20 | 1.42e-151 | 19163 vs 28737 | reproduced |
-
-The mechanism claim compares opposite-sign rates pooled over rollouts (median G=2 minus mean G=2, from the "Advantage sign flips" table, fresh groups): a one-sided two-proportion z-test (``harness.judge_proportions``), reproduced when p <= 0.05 and the 95% interval lies below 0, not Holm-adjusted. It treats rollouts as independent, which groups of the same prompts are not: a lenient test.
-
-(end of generated results)
+The numbers this table last produced are in ``results/mc_grpo/table.md``, and copied into the
+results section of ``experiments/mc_grpo/README.md`` by ``experiments/docsync.py``.
 """
 
 from __future__ import annotations
