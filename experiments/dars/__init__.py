@@ -56,42 +56,29 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import math
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import harness, rl_seeds
+from experiments import harness, rl_seeds, rl_table
 from rlpost import objectives as O
 from rlpost.eval import stats
 from rlpost.train import rl
 
 
 @dataclasses.dataclass(frozen=True)
-class Sizes:
+class Sizes(rl_table.Design):
   """The pre-declared design. Defaults fit ~60 minutes on 2 CPU cores."""
 
-  seeds: int = 8
-  seed_offset: int = 0  # the first seed (a replication runs seeds the table did not use)
-  steps: int = 100
   num_prompts: int = 64
   n: int = 8
   n_max: int = 16
   breadth: int = 4
-  eval_every: int = 20
-  window: int = 3
-  eval_problems: int = 200
-  eval_samples: int = 64
   hardest: int = 3  # difficulty bucket reported separately
   curve_prompts: int = 400  # cumulative-advantage analysis on the SFT policy
-  pilot_sd: float = 0.0075
   min_effect: float = 0.02  # every claim's SESOI, also the bound of the "no gain" claim
-  min_seeds: int = 8
-  base: dict = dataclasses.field(default_factory=dict)
-  setting: str = ""  # the testbed in words when it is not the CPU one (full-size runs)
-  sd_source: str = ""  # where pilot_sd comes from when not the CPU pilot (full-size runs)
 
 
 def sizes(quick: bool) -> Sizes:
@@ -231,15 +218,8 @@ def _window(arm: dict, key: str, window: int) -> np.ndarray:
 def interaction(values: dict, level: float = 0.95) -> dict:
   """The breadth x depth interaction (dars-b - grpo-b) - (dars-et - grpo-n8) of four
   independent arms' per-seed values, with a Welch-Satterthwaite t interval."""
-  arms = ("dars-b", "grpo-b", "dars-et", "base")
-  signs = (1.0, -1.0, -1.0, 1.0)
-  xs = [np.asarray(values[a], np.float64) for a in arms]
-  est = float(sum(s * x.mean() for s, x in zip(signs, xs)))
-  v = [x.var(ddof=1) / len(x) for x in xs]
-  se = math.sqrt(sum(v))
-  df = sum(v) ** 2 / sum(vi ** 2 / (len(x) - 1) for vi, x in zip(v, xs)) if se > 0 else 1.0
-  lo, hi = stats.t_interval(est, se, df, level)
-  return {"mean": est, "lo": float(lo), "hi": float(hi)}
+  return rl_table.contrast([values[a] for a in ("dars-b", "grpo-b", "dars-et", "base")],
+                          (1.0, -1.0, -1.0, 1.0), level)
 
 
 def summarize(report: dict) -> dict:

@@ -57,9 +57,8 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.stats
 
-from experiments import harness, rl_seeds
+from experiments import harness, rl_seeds, rl_table
 from rlpost import objectives as O
 from rlpost.eval import stats
 from rlpost.tasks import arithmetic
@@ -75,30 +74,21 @@ GAP_MARGIN = 0.01  # the paper's "within 1%"
 
 
 @dataclasses.dataclass(frozen=True)
-class Sizes:
+class Sizes(rl_table.Design):
   """The pre-declared design. Defaults on 2 CPU cores: ~18 minutes per table of five arms (the
   graded table and the 0/1 secondary), ~14 for the four arms over other bases: ~50 minutes."""
 
-  seeds: int = 8
-  seed_offset: int = 0  # the first seed (a replication runs seeds the table did not use)
-  steps: int = 100
-  eval_every: int = 20
-  window: int = 3
   eval_problems: int = 300
   eval_samples: int = 8
-  small_g: int = 2
-  large_g: int = 8
   pilot_sd: float = 0.0078
   min_effect: float = 0.0125
-  min_seeds: int = 8
+  small_g: int = 2
+  large_g: int = 8
   flip_prompts: int = 200  # sign-flip analysis: prompts x reference samples, fresh pool
   flip_reference: int = 64
   flip_pool: int = 144
   binary_secondary: bool = True  # the same arms on the 0/1 reward: the secondary table
   bases: tuple = ("dapo", "dr_grpo")  # MC-GRPO over other bases, at G=small_g, graded reward
-  base: dict = dataclasses.field(default_factory=dict)
-  setting: str = ""  # the testbed in words when it is not the CPU one (full-size runs)
-  sd_source: str = ""  # where pilot_sd comes from when not the CPU pilot (full-size runs)
   # The primary table's reward: "graded", or "binary" for runs trained on a two-valued reward
   # (a full-size MATH table), whose claims are then the 0/1 family's.
   primary_reward: str = "graded"
@@ -393,28 +383,6 @@ def primary(arm: dict, window: int) -> np.ndarray:
                    for i in range(len(arm["seeds"]))]).mean(axis=1)
 
 
-def gap_fraction(low, mid, high, *, level: float = 0.95, n_resamples: int = 9999,
-                 seed: int = 0) -> dict:
-  """(mean(mid) - mean(low)) / (mean(high) - mean(low)) of three independent arms' per-seed
-  values, with a BCa bootstrap interval (each arm's seeds resampled on their own)."""
-  low, mid, high = (np.asarray(x, np.float64) for x in (low, mid, high))
-
-  def frac(a, b, c, axis=-1):
-    return (np.mean(b, axis=axis) - np.mean(a, axis=axis)) / (
-        np.mean(c, axis=axis) - np.mean(a, axis=axis))
-
-  est = float(frac(low, mid, high))
-  try:
-    res = scipy.stats.bootstrap((low, mid, high), frac, vectorized=True, paired=False,
-                                confidence_level=level, method="BCa", n_resamples=n_resamples,
-                                rng=np.random.default_rng(seed))
-    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-  except (ValueError, FloatingPointError):
-    lo = hi = float("nan")
-  return {"fraction": est, "lo": lo, "hi": hi, "method": f"BCa bootstrap, {n_resamples} "
-          "resamples, arms resampled independently"}
-
-
 # ---------------------------------------------------------------------------------- summary
 def _gated_cells(results: dict, names, claim_list, window: int, start: float) -> dict:
   """Per-arm cells (primary metric, gain over ``start``, final evaluation, seconds) of the arms
@@ -444,7 +412,7 @@ def _judge_table(results: dict, sz: Sizes, prefix: str = "") -> dict:
           "vs": {bl: harness.diff_cell(prim[f"{g0}-median"], prim[f"{g0}-{bl}"])
                  for bl in BASELINES if bl != "median"},
           "gap": harness.diff_cell(prim[f"{g1}-mean"], prim[f"{g0}-mean"]),
-          "gap_closed": gap_fraction(prim[f"{g0}-mean"], prim[f"{g0}-median"],
+          "gap_closed": rl_table.gap_fraction(prim[f"{g0}-mean"], prim[f"{g0}-median"],
                                      prim[f"{g1}-mean"])}
 
 

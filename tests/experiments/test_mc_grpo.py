@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import harness, mc_grpo, rl_seeds
+from experiments import harness, mc_grpo, rl_seeds, rl_table
 from rlpost.train import rl
 from scripts import reproduce
 from rl_testutil import assert_moved, learning_config, max_update_gap
@@ -85,7 +85,7 @@ def test_arm_configs():
 def test_gap_fraction_bca():
   rng = np.random.default_rng(0)
   low, mid, high = (rng.normal(m, 0.01, 8) for m in (0.30, 0.33, 0.34))
-  g = mc_grpo.gap_fraction(low, mid, high)
+  g = rl_table.gap_fraction(low, mid, high)
   want = (mid.mean() - low.mean()) / (high.mean() - low.mean())
   assert g["fraction"] == pytest.approx(want)
   assert g["lo"] < g["fraction"] < g["hi"] and g["method"].startswith("BCa")
