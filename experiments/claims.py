@@ -120,8 +120,9 @@ class Verdict:
   p-values, the permutation test's p-value (two-sided for an equivalence claim), the verdict, the
   seed counts, the seed SD (pooled over arms; of the differences when paired) and the minimum
   detectable effect; ``note`` flags an equivalence claim (any verdict) or a holding no-gain claim
-  whose difference is significantly non-zero, and a verdict decided by a bound within half a minimum detectable effect
-  of its threshold ("near its threshold": another start or seed set can flip it);
+  whose difference is significantly non-zero, and a verdict decided by a bound within half a
+  minimum detectable effect of its threshold ("near its threshold": another start or seed set
+  can flip it);
   ``p_equivalent`` is the TOST p of a directional claim against +-sesoi (None without a sesoi);
   ``values`` the per-seed values judged, (a, b) (b the centre repeated for a one-sample claim),
   which a replication compares with its own."""
@@ -292,7 +293,8 @@ def judge_family(claims: Sequence[Claim], values: Mapping[str, Mapping[str, Sequ
     diff, lo, hi, p, p_perm, method = (r[k] for k in ("diff", "lo", "hi", "p", "p_perm",
                                                        "method"))
     n = min(len(a), len(b))
-    if c.paired or len(c.arms) == 1:  # one sample of differences: the two-sample MDE at sd / sqrt(2) has the same
+    if c.paired or len(c.arms) == 1:
+      # one sample of differences: the two-sample MDE at sd / sqrt(2) has the same
       # noncentrality (df 2n - 2 rather than n - 1, so slightly optimistic at few seeds)
       sd = float(np.std(a - b, ddof=1))
       mde = stats.min_detectable_effect(sd / math.sqrt(2), n) if sd > 0 else 0.0

@@ -348,8 +348,8 @@ def _git(*args: str) -> str:
 
 def machine() -> dict:
   """The machine, environment and code a result was produced with: CPU model and vector
-  extensions, cores (and those this process may use), XLA flags and thread settings, package versions, the commit and whether
-  the tracked files differed from it."""
+  extensions, cores (and those this process may use), XLA flags and thread settings, package
+  versions, the commit and whether the tracked files differed from it."""
   import importlib.metadata as md
 
   versions = {}

@@ -38,8 +38,9 @@ def test_sync_rewrites_only_the_generated_parts(tmp_path, monkeypatch):
   exp.mkdir(parents=True)
   res = tmp_path / "results" / "toy"
   res.mkdir(parents=True)
-  table = ("# Toy\n\n`python scripts/reproduce.py toy`: 2 seeds; 1.0 min.\n\n## Numbers\n\n| a |\n\n"
-           "## Paper claims\n\n| claim (paper) | ours | verdict |\n| --- | --- | --- |\n"
+  table = ("# Toy\n\n`python scripts/reproduce.py toy`: 2 seeds; 1.0 min.\n\n"
+           "## Numbers\n\n| a |\n\n## Paper claims\n\n| claim (paper) | ours | verdict |\n"
+           "| --- | --- | --- |\n"
            "| x | +0.1 [+0.0, +0.2] | reproduced |\n\nRules: r.\n\n## Later\n\nafter the claims\n")
   (res / "table.md").write_text(table.replace("+0.1", "+0.3"))
   monkeypatch.setattr(docsync, "ROOT", str(tmp_path))
