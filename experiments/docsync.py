@@ -1,28 +1,21 @@
-"""Keep each experiment's docstring and README in step with the numbers its last full run produced.
+"""Keep each experiment's README in step with the numbers its last full run produced.
 
-One mechanism for every table on ``experiments/harness.py``:
+One mechanism for every table on ``experiments/harness.py``: the README holds ``table.md``
+(without its title) between the markers ``<!-- results:begin NAME -->`` and
+``<!-- results:end NAME -->``. The module docstrings carry no numbers; each says where they are.
 
-* the experiment module's docstring ends with a block, between ``BEGIN`` and ``END`` lines,
-  generated from ``results/<name>/table.md``: the run line (command, seeds, runtime) and the
-  "## Paper claims" section;
-* the README holds ``table.md`` (without its title) between the markers
-  ``<!-- results:begin NAME -->`` and ``<!-- results:end NAME -->``.
-
-``scripts/reproduce.py NAME`` rewrites both after a full run into the default output directory
-(and after ``--rejudge``); ``scripts/reproduce.py NAME --sync-docs`` rewrites them from the files
-already there. ``tests/experiments/test_docsync.py`` fails when they drift, so no number in a
-docstring or README is typed by hand.
+``scripts/reproduce.py NAME`` rewrites the README's section after a full run into the default
+output directory (and after ``--rejudge``); ``scripts/reproduce.py NAME --sync-docs`` rewrites it
+from the files already there. ``tests/experiments/test_docsync.py`` fails when they drift, so no
+number in a README is typed by hand.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BEGIN = "Results on this CPU (generated from results/{name}/table.md; do not edit by hand):"
-END = "(end of generated results)"
 README_BEGIN = "<!-- results:begin {name} -->"
 README_END = "<!-- results:end {name} -->"
 
@@ -31,25 +24,6 @@ def _table(name: str, results_dir: str | None) -> tuple[str, str]:
   path = os.path.join(results_dir or os.path.join(ROOT, "results", name), "table.md")
   with open(path) as f:
     return path, f.read()
-
-
-def results_block(name: str, results_dir: str | None = None) -> str:
-  """The docstring block for experiment ``name``: its run line and paper-claims section.
-
-  Raises FileNotFoundError naming the table if the experiment has no full run on record, and
-  ValueError if the table lacks a "## Paper claims" section.
-  """
-  path, text = _table(name, results_dir)
-  paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
-  run_line = next((p for p in paragraphs if p.startswith("`python scripts/reproduce.py")), None)
-  match = re.search(r"^## Paper claims[^\n]*\n(.*?)(?=^## |\Z)", text, re.S | re.M)
-  if match is None:
-    raise ValueError(f"{path} has no '## Paper claims' section")
-  lines = [BEGIN.format(name=name), ""]
-  if run_line:
-    lines += [run_line, ""]
-  lines += [match.group(0).strip(), "", END]
-  return "\n".join(lines)
 
 
 def readme_section(name: str, results_dir: str | None = None) -> str:
@@ -69,29 +43,6 @@ def paths(exp) -> tuple[str, str]:
   return module, readme
 
 
-def _rewrite(path: str, new: str, old: str) -> bool:
-  if new != old:
-    with open(path, "w") as f:
-      f.write(new)
-  return new != old
-
-
-def sync_docstring(path: str, name: str, results_dir: str | None = None) -> bool:
-  """Rewrite the block at the end of ``path``'s module docstring; True if the file changed."""
-  with open(path) as f:
-    source = f.read()
-  block = results_block(name, results_dir)
-  begin = BEGIN.format(name=name)
-  if begin in source:
-    start = source.index(begin)
-    stop = source.index(END, start) + len(END)
-    new = source[:start] + block + source[stop:]
-  else:
-    close = source.index('"""', source.index('"""') + 3)  # end of the module docstring
-    new = source[:close].rstrip("\n") + "\n\n" + block + "\n" + source[close:]
-  return _rewrite(path, new, source)
-
-
 def sync_readme(path: str, name: str, results_dir: str | None = None) -> bool:
   """Rewrite the README's generated section; True if the file changed.
 
@@ -104,11 +55,14 @@ def sync_readme(path: str, name: str, results_dir: str | None = None) -> bool:
     raise ValueError(f"{path} needs a generated section between {begin!r} and {end!r}")
   start = text.index(begin)
   stop = text.index(end, start) + len(end)
-  return _rewrite(path, text[:start] + readme_section(name, results_dir) + text[stop:], text)
+  new = text[:start] + readme_section(name, results_dir) + text[stop:]
+  if new != text:
+    with open(path, "w") as f:
+      f.write(new)
+  return new != text
 
 
 def sync_all(exp, results_dir: str | None = None) -> dict[str, bool]:
-  """Rewrite ``exp``'s docstring block and README section; {path: changed}."""
-  module, readme = paths(exp)
-  return {module: sync_docstring(module, exp.name, results_dir),
-          readme: sync_readme(readme, exp.name, results_dir)}
+  """Rewrite ``exp``'s README section; {path: changed}."""
+  _, readme = paths(exp)
+  return {readme: sync_readme(readme, exp.name, results_dir)}

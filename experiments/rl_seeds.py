@@ -119,6 +119,20 @@ def arm_units(cfgs: dict, seeds: list[int]) -> dict:
           for name, cfg in cfgs.items()}
 
 
+def sample_rows(trainer: rl.Trainer, idx: np.ndarray, key, chunk: int = 2048):
+  """Completions of the reference policy for prompts ``idx`` [R] (tokens and masks [R, T]),
+  sampled ``chunk`` rows at a time (the last chunk padded: one compilation)."""
+  sample = jax.jit(trainer.sample)
+  r = len(idx)
+  full = np.concatenate([idx, np.zeros(-r % chunk, idx.dtype)])
+  toks, masks = [], []
+  for i, k in enumerate(jax.random.split(key, len(full) // chunk)):
+    ro = sample(trainer.ref_params, jnp.asarray(full[i * chunk:(i + 1) * chunk]), k)
+    toks.append(np.asarray(ro.tokens))
+    masks.append(np.asarray(ro.mask))
+  return np.concatenate(toks)[:r], np.concatenate(masks)[:r]
+
+
 def final_metric(arm: dict, key: str = "pass@1") -> np.ndarray:
   """[S] the metric at the last evaluation of each seed."""
   return np.array([e[key] for e in arm["evals"][-1]["per_seed"]])

@@ -66,13 +66,13 @@ def full_arms(name: str) -> dict:
 def run_state(run_dir: str) -> str:
   """"finished", "unfinished" (config.json written, the last evaluation not at the last step)
   or "new"."""
-  from experiments import harness
+  from experiments import runs
 
   if not os.path.exists(os.path.join(run_dir, "config.json")):
     return "new"
   try:
-    run = harness.read_run(run_dir)
-  except harness.RunsError:
+    run = runs.read_run(run_dir)
+  except runs.RunsError:
     return "unfinished"
   steps = run["config"].get("steps")
   return "finished" if run["evals"] and run["evals"][-1]["step"] == steps else "unfinished"

@@ -3,7 +3,7 @@
     python scripts/reproduce.py averaging            # full run (experiments/averaging/README.md)
     python scripts/reproduce.py averaging --quick    # toy size, seconds
     python scripts/reproduce.py averaging --seeds 5 --out /tmp/avg
-    python scripts/reproduce.py mc_grpo --sync-docs  # docstring results block from results/
+    python scripts/reproduce.py mc_grpo --sync-docs  # README results section from results/
     python scripts/reproduce.py dars --rejudge       # re-judge results/dars/results.json (seconds)
     python scripts/reproduce.py ace --replicate --seeds 4   # fresh seeds from the pinned start,
                                                      # compared claim by claim with results/ace
@@ -15,8 +15,8 @@ Each entry of ``EXPERIMENTS`` names a module whose ``EXPERIMENT`` is an
 ``experiments.harness.Experiment`` (plain-data config, cached units, claims judged by
 ``rlpost.eval.stats``); adding a table is one line here. ``--rejudge`` re-judges the committed
 per-seed results in ``--out`` with the current statistics, without training. A full run (or a
-re-judge) into the default ``results/<name>`` also rewrites the results block at the end of the
-module's docstring and the generated section of its README (``experiments/docsync.py``).
+re-judge) into the default ``results/<name>`` also rewrites the generated section of the table's
+README (``experiments/docsync.py``).
 ``--replicate`` reruns the table's main arms from its pinned testbeds with seeds it did not use
 (``--seeds K``, from ``--seed-offset S``) and writes, per claim, the committed and the new
 interval and whether they agree (``--out/replication.md``; a replication at other seeds than the
@@ -58,7 +58,7 @@ def main(argv=None):
   ap.add_argument("--out", help="output directory (default: results/<experiment>)")
   ap.add_argument("--no-progress", action="store_true")
   ap.add_argument("--sync-docs", action="store_true",
-                  help="only rewrite the module docstring's results block from results/<name>")
+                  help="only rewrite the README's results section from results/<name>")
   ap.add_argument("--full", action="store_true",
                   help="judge full-size runs (--runs) with this table's code, no training")
   ap.add_argument("--runs", help="with --full: directory of scripts/train.py run directories "

@@ -105,7 +105,7 @@ def test_resume_uses_the_cache_and_rejudge_reproduces(quick_run, tmp_path):
 
 def test_committed_results_rejudge_to_the_committed_table(tmp_path):
   """results/roundtrip holds a harness results.json whose re-judge is table.md as committed (so
-  the table, the docstring block and the README section follow from the per-seed numbers)."""
+  the table and the README section follow from the per-seed numbers)."""
   committed = os.path.join(ROOT, "results", "roundtrip")
   shutil.copy(os.path.join(committed, "results.json"), tmp_path / "results.json")
   harness.rejudge(exp.EXPERIMENT, str(tmp_path))
@@ -114,7 +114,6 @@ def test_committed_results_rejudge_to_the_committed_table(tmp_path):
   assert res["config"]["seeds"] == 10 and res["summary"]["deciding"] == ["kdv1d"]
   counts = {n: len(s["per_seed"]) for n, s in res["data"]["systems"].items()}
   assert counts == {"kdv1d": 10, "ks1d": 3}  # the design: kdv1d from power, ks1d capped, no ns2d
-  assert docsync.results_block("roundtrip") in exp.__doc__
   assert docsync.readme_section("roundtrip") in _read(README)
 
 

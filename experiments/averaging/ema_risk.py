@@ -16,8 +16,7 @@ in well under a minute, ``--quick`` in seconds. A table on ``experiments/harness
 ``--out`` (default results/ema_risk): ``results.json`` (config, machine, wall time, seed ids,
 every per-seed value and evaluation point, the exact expectations, the verdicts) and
 ``table.md``; a default-size run into the default directory also rewrites the generated
-section of experiments/averaging/README.md and the block at the end of this docstring
-(``experiments/docsync.py``). ``--replicate`` reruns the committed table at main seed ids it did
+section of experiments/averaging/README.md (``experiments/docsync.py``). ``--replicate`` reruns the committed table at main seed ids it did
 not use (from ``--seed-offset``, default 1000; ``--seeds`` defaults to the count the table ran)
 and writes ``replication.md`` (per claim: committed and new interval, verdicts, and the
 two-sample test of their change) and ``replication/results.json``; ``--replicate --rejudge``
@@ -73,39 +72,8 @@ comparison, SLOPE_EFFECT nats per half-run for the log-slope, LOGLOG_EFFECT for 
 alpha 0.05 / (number of claims) (Holm's first step), 80% power, and at least MIN_SEEDS (the
 program costs about the same at 64 seeds as at 8).
 
-Results on this CPU (generated from results/ema_risk/table.md; do not edit by hand):
-
-## Paper claims
-
-Pre-declared metrics and rules (`experiments/averaging/ema_risk.py`); cells: mean [95% t interval] over seeds; a - b: paired t interval (a one-sample claim compares with its centre); exact: the same quantity from the exact expected risks (a slope of the log of the expected risk, which is not the mean of the per-seed log slopes).
-
-| claim (paper) | metric | a: mean [95%] | b (or centre) | a - b [95%] | exact a - b | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| Li & Gu 2025 (i): the variance error of SGD with EMA (T/10) is smaller than without averaging (final variance-part risk, all bands) | final variance-part risk (all bands) | EMA T/10 (decay 0.99821): 0.0388 [0.0381, 0.0395] | 0.17 [0.163, 0.177] | -0.131 [-0.138, -0.124] | -0.135 | 0.0169 | 1.4e-93 (4.2e-93) | 0.0001 | 207 | 0.00991 | ee9c881 (exploratory) | reproduced |
-| Li & Gu 2025 (i): the variance error of SGD with EMA (T/20) is smaller than without averaging (final variance-part risk, all bands) | final variance-part risk (all bands) | EMA T/20 (decay 0.99643): 0.055 [0.054, 0.056] | 0.17 [0.163, 0.177] | -0.115 [-0.122, -0.108] | -0.118 | 0.0169 | 2.12e-83 (4.24e-83) | 0.0001 | 207 | 0.00992 | ee9c881 (exploratory) | reproduced |
-| Li & Gu 2025 (i): the variance error of SGD with EMA (T/40) is smaller than without averaging (final variance-part risk, all bands) | final variance-part risk (all bands) | EMA T/40 (decay 0.99286): 0.0731 [0.0717, 0.0745] | 0.17 [0.163, 0.177] | -0.0968 [-0.104, -0.09] | -0.0998 | 0.0169 | 6.05e-72 (6.05e-72) | 0.0001 | 207 | 0.00978 | ee9c881 (exploratory) | reproduced |
-| Li & Gu 2025 (ii): EMA's bias error ends below uniform averaging's (top band) | final bias-part risk, top band | EMA T/20 (decay 0.99643): 3.05e-06 [2.92e-06, 3.18e-06] | 0.00245 [0.00239, 0.0025] | -0.00244 [-0.0025, -0.00239] | -0.00243 | 0.000252 | 4.94e-163 (1.98e-162) | 0.0001 | 207 | 8.04e-05 | ee9c881 (exploratory) | reproduced |
-| Li & Gu 2025 (ii): EMA's log bias error falls in t over the 2nd half (top band; least-squares slope below 0) | bias log-slope in t over the 2nd half, top band (nats per T/2 steps) | EMA T/20 (decay 0.99643): -4.61 [-4.65, -4.56] | 0 | -4.61 [-4.65, -4.56] | -4.6 | 0.5 | 1.56e-232 (1.41e-231) | 0.0001 | 207 | 0.0689 | ee9c881 (exploratory) | reproduced |
-| Li & Gu 2025 (ii): EMA's bias error falls faster than t^-2 over the 2nd half (top band; log-log slope below -2) | bias log-log slope over the 2nd half, top band | EMA T/20 (decay 0.99643): -6.69 [-6.76, -6.62] | -2 | -4.69 [-4.76, -4.62] | -4.68 | 0.25 | 5.09e-201 (2.54e-200) | 0.0001 | 207 | 0.1 | ee9c881 (exploratory) | reproduced |
-| Li & Gu 2025 (ii), contrast: uniform averaging's bias error decays only polynomially, no faster than t^-2 (top band; log-log slope above -2.25) | bias log-log slope over the 2nd half, top band | uniform average: -1.99 [-2, -1.99] | -2.25 | +0.257 [+0.254, +0.259] | +0.255 | 0.25 | 2.27e-251 (2.27e-250) | 0.0001 | 207 | 0.00311 | ee9c881 (exploratory) | reproduced |
-| Li & Gu 2025 (ii): EMA's bias error ends below uniform averaging's (middle band) | final bias-part risk, middle band | EMA T/20 (decay 0.99643): 4.15e-06 [3.99e-06, 4.32e-06] | 0.00591 [0.00582, 0.006] | -0.0059 [-0.00599, -0.00582] | -0.00589 | 0.000589 | 6.03e-202 (3.62e-201) | 0.0001 | 207 | 0.000125 | ee9c881 (exploratory) | reproduced |
-| Li & Gu 2025 (ii): EMA's log bias error falls in t over the 2nd half (middle band; least-squares slope below 0) | bias log-slope in t over the 2nd half, middle band (nats per T/2 steps) | EMA T/20 (decay 0.99643): -5.31 [-5.35, -5.26] | 0 | -5.31 [-5.35, -5.26] | -5.29 | 0.5 | 6.99e-256 (7.69e-255) | 0.0001 | 207 | 0.0611 | ee9c881 (exploratory) | reproduced |
-| Li & Gu 2025 (ii): EMA's bias error falls faster than t^-2 over the 2nd half (middle band; log-log slope below -2) | bias log-log slope over the 2nd half, middle band | EMA T/20 (decay 0.99643): -7.72 [-7.78, -7.65] | -2 | -5.72 [-5.78, -5.65] | -5.69 | 0.25 | 3.57e-230 (2.86e-229) | 0.0001 | 207 | 0.0878 | ee9c881 (exploratory) | reproduced |
-| Li & Gu 2025 (ii), contrast: uniform averaging's bias error decays only polynomially, no faster than t^-2 (middle band; log-log slope above -2.25) | bias log-log slope over the 2nd half, middle band | uniform average: -1.93 [-1.93, -1.93] | -2.25 | +0.319 [+0.317, +0.321] | +0.318 | 0.25 | 8.87e-278 (1.06e-276) | 0.0001 | 207 | 0.00288 | ee9c881 (exploratory) | reproduced |
-| Li & Gu 2025 (ii): EMA's bias error ends below uniform averaging's (bottom band) | final bias-part risk, bottom band | EMA T/20 (decay 0.99643): 3.95e-05 [3.84e-05, 4.06e-05] | 0.00895 [0.00884, 0.00906] | -0.00891 [-0.00902, -0.0088] | -0.00891 | 0.00093 | 5.04e-219 (3.53e-218) | 0.0001 | 207 | 0.000155 | ee9c881 (exploratory) | reproduced |
-| Li & Gu 2025 (ii): EMA's log bias error falls in t over the 2nd half (bottom band; least-squares slope below 0) | bias log-slope in t over the 2nd half, bottom band (nats per T/2 steps) | EMA T/20 (decay 0.99643): -4.46 [-4.48, -4.44] | 0 | -4.46 [-4.48, -4.44] | -4.46 | 0.5 | 0 (0) | 0.0001 | 207 | 0.0275 | ee9c881 (exploratory) | reproduced |
-| Li & Gu 2025 (ii): EMA's bias error falls faster than t^-2 over the 2nd half (bottom band; log-log slope below -2) | bias log-log slope over the 2nd half, bottom band | EMA T/20 (decay 0.99643): -6.47 [-6.5, -6.44] | -2 | -4.47 [-4.5, -4.44] | -4.46 | 0.25 | 3.03e-278 (3.93e-277) | 0.0001 | 207 | 0.04 | ee9c881 (exploratory) | reproduced |
-| Li & Gu 2025 (ii), contrast: uniform averaging's bias error decays only polynomially, no faster than t^-2 (bottom band; log-log slope above -2.25) | bias log-log slope over the 2nd half, bottom band | uniform average: -1.75 [-1.75, -1.74] | -2.25 | +0.503 [+0.501, +0.505] | +0.504 | 0.25 | 6.25e-309 (8.76e-308) | 0.0001 | 207 | 0.0032 | ee9c881 (exploratory) | reproduced |
-
-Exploratory: this table's design and its results landed in one commit, so no claim was declared before its run (experiments/declared.json); it stays out of the headline summary.
-
-Statistics: paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 207 seeds per arm; pooled seed SD up to 0.513; minimum detectable effect (80% power) 8.04e-05-0.1.
-
-Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome). An equivalence claim whose difference is significantly non-zero (95% interval), whatever its verdict, and a holding no-gain claim whose difference is, say so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline. A one-sample claim (b is a centre) is a paired claim against that constant.
-
-Verdicts: 15 reproduced, 0 trivial, 0 not reproduced, 0 inconclusive of 15; the exact expectations meet 15 of the 15 rules.
-
-(end of generated results)
+The numbers this CPU produced are in ``results/ema_risk/table.md`` and the generated section
+of ``experiments/averaging/README.md``.
 """
 
 from __future__ import annotations

@@ -21,26 +21,8 @@ Outputs in ``--out`` (default ``results/averaging_rl``): ``table.md``, ``results
 per-seed evaluation point of every policy, so ``--rejudge`` and the plot need nothing else),
 ``pass1_curves.png``.
 
-Results on this CPU (generated from results/averaging_rl/table.md; do not edit by hand):
-
-`python scripts/reproduce.py averaging_rl`: 9 seeds (9 from power: pilot SD 0.007, minimum effect 0.01, 80% power, alpha 0.05; floor 8); GRPO (G = 8) for 100 steps on band 2-3 digit addition, 0/1 reward, 64 prompts per step, lr 0.0001, evaluated every 10 steps on 200 test problems x 8 samples; averages `lawa:k=5,every=10,as=lawa;ema:decay=0.95,as=ema`; 23.6 min. Run on AMD EPYC, 2 CPU cores, jax 0.10.2 on cpu at commit c34da4c, from the pinned testbed 2fd651497158c750 (experiments/testbeds). Minimum detectable effect of the claims: 0.00364-0.00691. Cells: mean [95% t interval over seeds].
-
-## Paper claims
-
-Pre-declared metrics: the mean pass@1 over the second half of the evaluations and the volatility, per seed; averaged - raw of the same run, paired by seed; 9 seeds; one Holm family. Intervals exclude problem-sampling error: every seed and policy is evaluated on the same fixed test problems with the same evaluation key.
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| averaging RL checkpoints (lawa) raises the pass@1 level (2nd-half mean) | lawa: +0.010 [+0.005, +0.014] | 0.01 | 0.000545 (0.00136) | 0.00195 | 9 vs 9 | 0.006 | 6777adb | reproduced |
-| averaging RL checkpoints (lawa) damps step-to-step volatility | lawa: -0.006 [-0.009, -0.003] | 0 | 0.000454 (0.00136) | 0.00391 | 9 vs 9 | 0.004 | 6777adb | reproduced |
-| averaging RL checkpoints (ema) raises the pass@1 level (2nd-half mean) | ema: +0.010 [+0.005, +0.015] | 0.01 | 0.00133 (0.00136) | 0.00195 | 9 vs 9 | 0.007 | 6777adb | reproduced |
-| averaging RL checkpoints (ema) damps step-to-step volatility | ema: -0.009 [-0.012, -0.006] | 0 | 0.000106 (0.000424) | 0.00195 | 9 vs 9 | 0.004 | 6777adb | reproduced |
-
-Statistics: paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 9 seeds per arm; pooled seed SD up to 0.00695; minimum detectable effect (80% power) 0.00364-0.00691.
-
-Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome). An equivalence claim whose difference is significantly non-zero (95% interval), whatever its verdict, and a holding no-gain claim whose difference is, say so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline. Here the tests are paired by seed (averaged - raw of one run); the exact sign-flip permutation p is the paired one (at 9 seeds its smallest value is 1/512).
-
-(end of generated results)
+The numbers this table last produced are in ``results/averaging_rl/table.md``, and copied into the
+results section of ``experiments/averaging/README.md`` by ``experiments/docsync.py``.
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ Command:  python scripts/reproduce.py dars [--quick] [--seeds N] [--out DIR]
 Hardware: 2 CPU cores. Setup (pre-declared in ``Sizes`` before the run): the calibrated testbed
 of ``experiments/calibrate.py`` (setting ``b23-lr1e-4-kl0-p64``: 2-3 digit addition, whose
 3-digit problems the SFT policy solves sometimes, the 0.4M-parameter character decoder
-started from the pinned SFT policy ``experiments/testbeds/b23-sft``, 64 prompts per step, 0/1 reward, AdamW lr 1e-4, 100 steps). Every arm
-uses the DARS objective (advantage r - mean over the merged group, token sum over a constant
-length, dual clip, entropy bonus, no KL), so arms differ only in rollout allocation and breadth:
+started from the pinned SFT policy ``experiments/testbeds/b23-sft``, 64 prompts per step, 0/1
+reward, AdamW lr 1e-4, 100 steps). Every arm uses the DARS objective (advantage r - mean over
+the merged group, token sum over a constant length, dual clip, entropy bonus, no KL), so arms
+differ only in rollout allocation and breadth:
 
 * ``grpo-n8``: N=8 per prompt, 2 mini-batches per step (the base);
 * ``grpo-n16``: N=16, the naive N of the same sampled rollouts as ``dars-et``;
@@ -42,87 +43,42 @@ pass@1 gain over the SFT start is judged as a gate (its own family).
 The paper's own setup at full size (accelerators, not run here): ``experiments/dars/full.py``;
 ``python scripts/reproduce.py dars --full --runs DIR`` judges its run directories (one per arm x
 seed; the equal-treatment arms in the CPU arms' places, ``FULL_ARMS``) with this table's code.
-
 Outputs in ``--out`` (default ``results/dars``): ``table.md``, ``results.json``, ``passk.png``,
-``cumulative_advantage.png``; finished arms are cached under ``cache/``. The block below is
-generated from ``results/dars/table.md`` (the design run from the pinned start; its 110 min of
-units were shared with other jobs: about 55 min alone).
-
-Results on this CPU (generated from results/dars/table.md; do not edit by hand):
-
-`python scripts/reproduce.py dars`: 8 seeds per arm (8 from power: pilot SD 0.0075, minimum effect 0.02, 80% power, alpha 0.05; floor 8), 100 RL steps (breadth arms: 25 steps of 4x the prompts), band 2-3 digit addition, 0/1 reward, 64 prompts per step, lr 0.0001, DARS objective. Primary metrics: test pass@64 and pass@1 (200 problems x 64 samples), the mean of each seed's last 3 evaluations. Minimum detectable effect of the claims: 0.012-0.026. Wall time: 110.2 min of training and evaluation over all arms (this invocation 21.7 min; cached arms are not rerun). Run on AMD EPYC, 2 CPU cores, jax 0.10.2 on cpu at commit 75d114a, from the pinned testbed 2fd651497158c750 (experiments/testbeds). Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key). SFT start: pass@1 0.247, pass@4 0.473, pass@16 0.691, pass@64 0.855, pass@1 (3-digit) 0.189, pass@4 (3-digit) 0.410, pass@16 (3-digit) 0.595, pass@64 (3-digit) 0.769.
-
-## Paper claims
-
-The gate (grpo-n8's pass@1 over the SFT start, one-sample t against it) must pass before the DARS claims are read:
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| grpo-n8 gains pass@1 over the SFT start | grpo-n8 - 0.246641: +0.091 [+0.082, +0.100] | 0 | 2.36e-08 (2.36e-08) | 0.00391 | 8 | 0.011 | f0d156c | reproduced |
-
-Gate passed: the base learns.
-
-8 seeds per arm; one Holm family of 7 claims. The breadth arms make 50 optimizer updates against 200 for grpo-n8 (DARS-B's recipe: full-batch updates over 2 epochs), so the breadth claims are about that recipe, not batch size alone.
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| naively larger N gives no pass@64 gain | grpo-n16: +0.004 [-0.012, +0.020] | 0.02 | 0.0221 (0.11) | 0.0259 | 8 vs 8 | 0.021 | 8b6ce4f | inconclusive |
-| DARS improves pass@64 | dars-et: +0.009 [-0.010, +0.027] | 0.02 | 0.167 (0.501) | 0.171 | 8 vs 8 | 0.026 | 8b6ce4f | inconclusive |
-| DARS improves pass@64 over the naive N of the same sampled rollouts | dars-et: +0.005 [-0.011, +0.020] | 0.02 | 0.261 (0.501) | 0.275 | 8 vs 8 | 0.021 | f0d156c | not reproduced; near its threshold (the deciding bound is 0.003 from it, under half the minimum detectable effect 0.021) |
-| breadth improves pass@1 | grpo-b: +0.004 [-0.005, +0.013] | 0.02 | 0.181 (0.501) | 0.174 | 8 vs 8 | 0.012 | f0d156c | not reproduced |
-| DARS-B improves pass@1 | dars-b: +0.005 [-0.004, +0.014] | 0.02 | 0.101 (0.404) | 0.0934 | 8 vs 8 | 0.012 | 8b6ce4f | not reproduced |
-| DARS-B improves pass@64 | dars-b: +0.049 [+0.033, +0.064] | 0.02 | 1.21e-05 (8.44e-05) | 0.0001 | 8 vs 8 | 0.021 | 8b6ce4f | reproduced |
-| depth adds pass@64 on top of breadth | dars-b: +0.013 [+0.003, +0.023] | 0.02 | 0.00672 (0.0403) | 0.0076 | 8 vs 8 | 0.014 | f0d156c | reproduced; near its threshold (the deciding bound is 0.001 from it, under half the minimum detectable effect 0.014) |
-
-Statistics: Welch interval and one-sided Welch test; Welch interval and one-sided Welch test against +sesoi at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.0171; minimum detectable effect (80% power) 0.012-0.0257.
-
-Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome); a no-gain claim is *reproduced* when the one-sided test that a - b < +SESOI rejects (Holm-adjusted), *not reproduced* when its 95% interval lies wholly above +SESOI, *inconclusive* otherwise. An equivalence claim whose difference is significantly non-zero (95% interval), whatever its verdict, and a holding no-gain claim whose difference is, say so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline.
-
-Sanity check (holds by algebra, not a reproduction): the mean-only cumulative advantage peaks at accuracy 0.5: peak at 0.5, holds.
-
-(end of generated results)
+``cumulative_advantage.png``; finished arms are cached under ``cache/``. The numbers the table
+last produced (this design from the pinned start; its 110 min of units were shared with other
+jobs, about 55 min alone): ``results/dars/table.md`` and the README's results section.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import math
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import harness, rl_seeds
+from experiments import claims as C
+from experiments import report as R
+from experiments import rl_seeds, rl_table, runs
 from rlpost import objectives as O
-from rlpost.eval import stats
 from rlpost.train import rl
+
+KS = (1, 4, 16, 64)
+STAGE2 = ("dars_all_wrong_stage1", "dars_rescued", "dars_extra_rollouts", "dars_budget_used",
+          "dars_truncated_fraction")
 
 
 @dataclasses.dataclass(frozen=True)
-class Sizes:
+class Sizes(rl_table.Design):
   """The pre-declared design. Defaults fit ~60 minutes on 2 CPU cores."""
 
-  seeds: int = 8
-  seed_offset: int = 0  # the first seed (a replication runs seeds the table did not use)
-  steps: int = 100
   num_prompts: int = 64
   n: int = 8
   n_max: int = 16
   breadth: int = 4
-  eval_every: int = 20
-  window: int = 3
-  eval_problems: int = 200
-  eval_samples: int = 64
   hardest: int = 3  # difficulty bucket reported separately
   curve_prompts: int = 400  # cumulative-advantage analysis on the SFT policy
-  pilot_sd: float = 0.0075
   min_effect: float = 0.02  # every claim's SESOI, also the bound of the "no gain" claim
-  min_seeds: int = 8
-  base: dict = dataclasses.field(default_factory=dict)
-  setting: str = ""  # the testbed in words when it is not the CPU one (full-size runs)
-  sd_source: str = ""  # where pilot_sd comes from when not the CPU pilot (full-size runs)
 
 
 def sizes(quick: bool) -> Sizes:
@@ -135,38 +91,30 @@ def sizes(quick: bool) -> Sizes:
                min_seeds=2, base=tiny)
 
 
-def seeds_from_power(sz: Sizes) -> int:
-  return max(sz.min_seeds, stats.seeds_needed(sz.pilot_sd, sz.min_effect))
-
-
-def _ks(sz: Sizes) -> list[int]:
-  return [k for k in (1, 4, 16, 64) if k <= sz.eval_samples]
-
-
-def claims(sz: Sizes) -> list[harness.Claim]:
+def claims(sz: Sizes) -> list[C.Claim]:
   """The gate (family "testbed": the base's pass@1 over the SFT start, filled in by
   ``summarize``) and the paper's claims about trained arms (family "dars")."""
-  kmax, base = max(_ks(sz)), f"grpo-n{sz.n}"
+  kmax, base = max(sz.ks(KS)), f"grpo-n{sz.n}"
   big, pk = f"grpo-n{sz.n_max}", f"pass@{kmax}"
   e = sz.min_effect  # every claim's smallest effect of interest (pass@k units)
   return [
-      harness.Claim("grpo_learns", f"{base} gains pass@1 over the SFT start", "pass@1", (base,),
-                    family="testbed"),
+      C.Claim("grpo_learns", f"{base} gains pass@1 over the SFT start", "pass@1", (base,),
+              family="testbed"),
       # "No gain" is a non-superiority claim: one-sided against +min_effect.
-      harness.Claim("naive_n_no_passk_gain", f"naively larger N gives no {pk} gain", pk,
-                    (big, base), "not_greater", family="dars", sesoi=e),
-      harness.Claim("dars_improves_passk", f"DARS improves {pk}", pk, ("dars-et", base),
-                    family="dars", sesoi=e),
-      harness.Claim("dars_beats_matched_n", f"DARS improves {pk} over the naive N of the same "
-                    "sampled rollouts", pk, ("dars-et", big), family="dars", sesoi=e),
-      harness.Claim("breadth_improves_pass1", "breadth improves pass@1", "pass@1",
-                    ("grpo-b", base), family="dars", sesoi=e),
-      harness.Claim("dars_b_improves_pass1", "DARS-B improves pass@1", "pass@1",
-                    ("dars-b", base), family="dars", sesoi=e),
-      harness.Claim("dars_b_improves_passk", f"DARS-B improves {pk}", pk, ("dars-b", base),
-                    family="dars", sesoi=e),
-      harness.Claim("depth_adds_to_breadth", f"depth adds {pk} on top of breadth", pk,
-                    ("dars-b", "grpo-b"), family="dars", sesoi=e),
+      C.Claim("naive_n_no_passk_gain", f"naively larger N gives no {pk} gain", pk, (big, base),
+              "not_greater", family="dars", sesoi=e),
+      C.Claim("dars_improves_passk", f"DARS improves {pk}", pk, ("dars-et", base),
+              family="dars", sesoi=e),
+      C.Claim("dars_beats_matched_n", f"DARS improves {pk} over the naive N of the same "
+              "sampled rollouts", pk, ("dars-et", big), family="dars", sesoi=e),
+      C.Claim("breadth_improves_pass1", "breadth improves pass@1", "pass@1", ("grpo-b", base),
+              family="dars", sesoi=e),
+      C.Claim("dars_b_improves_pass1", "DARS-B improves pass@1", "pass@1", ("dars-b", base),
+              family="dars", sesoi=e),
+      C.Claim("dars_b_improves_passk", f"DARS-B improves {pk}", pk, ("dars-b", base),
+              family="dars", sesoi=e),
+      C.Claim("depth_adds_to_breadth", f"depth adds {pk} on top of breadth", pk,
+              ("dars-b", "grpo-b"), family="dars", sesoi=e),
   ]
 
 
@@ -190,17 +138,14 @@ def arms(sz: Sizes) -> dict:
 
 
 def base_config(sz: Sizes) -> dict:
-  from experiments import calibrate
-
-  cfg = calibrate.testbed_config("b23-lr1e-4-kl0-p64")
-  cfg.update(steps=sz.steps, eval_every=sz.eval_every, eval_problems=sz.eval_problems,
-             eval_samples=sz.eval_samples, checkpoint_every=10 ** 9)
-  cfg.pop("recipe_args", None)
-  cfg.update(sz.base)
-  return cfg
+  return rl_table.testbed_config(sz, drop=("recipe_args",))
 
 
-# ----------------------------------------------------------------- cumulative advantage curve
+def arm_configs(sz: Sizes) -> dict:
+  """{arm name: full RLConfig dict}."""
+  return rl_table.arm_configs(base_config(sz), arms(sz))
+
+
 def cumulative_advantage_curve(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0) -> dict:
   """Sum of |A_i| over a group against the group's accuracy, on the SFT policy.
 
@@ -211,109 +156,65 @@ def cumulative_advantage_curve(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0)
   n, p = sz.n, sz.curve_prompts
   idx = jnp.repeat(jnp.arange(p, dtype=jnp.int32), n)
   ro = jax.jit(trainer.sample)(trainer.ref_params, idx, jax.random.key(seed))
-  batch = O.RolloutBatch(group_id=jnp.repeat(jnp.arange(p, dtype=jnp.int32), n),
-                         valid=jnp.ones((p * n,), bool), tokens=ro.tokens, token_mask=ro.mask,
-                         rewards=ro.rewards)
+  batch = O.RolloutBatch(group_id=idx, valid=jnp.ones((p * n,), bool), tokens=ro.tokens,
+                         token_mask=ro.mask, rewards=ro.rewards)
   acc = np.asarray(ro.correct).reshape(p, n).mean(axis=1)
-  out = {"accuracy": [j / n for j in range(n + 1)],
-         "groups": [int(np.sum(np.isclose(acc, j / n))) for j in range(n + 1)]}
+  at = [np.isclose(acc, j / n) for j in range(n + 1)]
+  out = {"accuracy": [j / n for j in range(n + 1)], "groups": [int(np.sum(m)) for m in at]}
   for name in ("grpo", "dr_grpo"):
     kw = {} if name == "grpo" else {"max_length": trainer.max_new_tokens}
     adv, _ = O.compute_advantages(O.get_recipe(name, **kw).advantage, batch)
     cum = np.abs(np.asarray(adv.values)).reshape(p, n).sum(axis=1)
-    out[name] = [float(cum[np.isclose(acc, j / n)].mean()) if np.any(np.isclose(acc, j / n))
-                 else float("nan") for j in range(n + 1)]
+    out[name] = [float(cum[m].mean()) if np.any(m) else float("nan") for m in at]
   return out
 
 
-# ---------------------------------------------------------------------------------- running
-def get_config(quick: bool) -> dict:
-  return dataclasses.asdict(sizes(quick))
-
-
-def arm_configs(sz: Sizes) -> dict:
-  """{arm name: full RLConfig dict}."""
-  base = base_config(sz)
-  return {name: dict(base, **kw) for name, kw in arms(sz).items()}
-
-
-def units(config: dict) -> dict:
-  sz = Sizes(**config)
-  cfgs = arm_configs(sz)
-  out = rl_seeds.arm_units(cfgs, list(range(sz.seed_offset, sz.seed_offset + sz.seeds)))
+def curve_unit(sz: Sizes, cfgs: dict, config: dict) -> dict:
   grpo = cfgs[f"grpo-n{sz.n}"]
-  out["curve"] = harness.Unit(
+  return {"curve": rl_table.harness.Unit(
       {"curve": grpo, "n": sz.n, "prompts": sz.curve_prompts},
-      lambda progress: cumulative_advantage_curve(rl.make_train(grpo, log=lambda s: None), sz))
-  return out
-
-
-def collect(config: dict, results: dict) -> dict:
-  return {"arms": {k: v for k, v in results.items() if k != "curve"}, "curve": results["curve"]}
-
-
-def _window(arm: dict, key: str, window: int) -> np.ndarray:
-  """[S] the mean of each seed's last ``window`` evaluations (step 0 excluded)."""
-  evals = arm["evals"][1:][-window:]
-  return np.array([[e["per_seed"][i][key] for e in evals]
-                   for i in range(len(arm["seeds"]))]).mean(axis=1)
+      lambda progress: cumulative_advantage_curve(rl.make_train(grpo, log=lambda s: None), sz))}
 
 
 def interaction(values: dict, level: float = 0.95) -> dict:
   """The breadth x depth interaction (dars-b - grpo-b) - (dars-et - grpo-n8) of four
   independent arms' per-seed values, with a Welch-Satterthwaite t interval."""
-  arms = ("dars-b", "grpo-b", "dars-et", "base")
-  signs = (1.0, -1.0, -1.0, 1.0)
-  xs = [np.asarray(values[a], np.float64) for a in arms]
-  est = float(sum(s * x.mean() for s, x in zip(signs, xs)))
-  v = [x.var(ddof=1) / len(x) for x in xs]
-  se = math.sqrt(sum(v))
-  df = sum(v) ** 2 / sum(vi ** 2 / (len(x) - 1) for vi, x in zip(v, xs)) if se > 0 else 1.0
-  lo, hi = stats.t_interval(est, se, df, level)
-  return {"mean": est, "lo": float(lo), "hi": float(hi)}
+  return rl_table.contrast([values[a] for a in ("dars-b", "grpo-b", "dars-et", "base")],
+                           (1.0, -1.0, -1.0, 1.0), level)
+
+
+def _updates(cfg: dict) -> int:
+  """Optimizer updates of a run: steps x mini-batches x epochs."""
+  return (int(cfg["steps"]) * int(cfg.get("num_minibatches", 1))
+          * int(cfg.get("num_iterations", 1)))
 
 
 def summarize(report: dict) -> dict:
   sz = Sizes(**report["config"])
   results, curve = report["data"]["arms"], report["data"].get("curve")
-  ks = _ks(sz)
-  base_name = f"grpo-n{sz.n}"
-  first = results[base_name]["evals"][0]["per_seed"]
+  ks, base = sz.ks(KS), f"grpo-n{sz.n}"
+  first = results[base]["evals"][0]["per_seed"][0]
   # the difficulty bucket where the task has one (digit counts; MATH records have none)
   keys = [f"pass@{k}" for k in ks] + [f"pass@{k}/d{sz.hardest}" for k in ks
-                                      if f"pass@{k}/d{sz.hardest}" in first[0]]
-  s = {"ks": ks, "keys": keys, "cells": {}, "vs_base": {}, "stage2": {},
-       "seeds_from_power": seeds_from_power(sz),
+                                      if f"pass@{k}/d{sz.hardest}" in first]
+  values = rl_table.window_values(results, keys, sz.window)
+  cells, vs_base = rl_table.cells(values, keys, base, results)
+  s = {"ks": ks, "keys": keys, "cells": cells, "vs_base": vs_base, "stage2": {},
+       "seeds_from_power": sz.from_power(),
        "arm_seconds": {n: a["seconds"] for n, a in results.items()},
-       "updates": {n: _updates(a["config"]) for n, a in results.items()}}
-  s["start"] = {k: float(np.mean([e[k] for e in first])) for k in keys}
-  values = {k: {name: _window(arm, k, sz.window) for name, arm in results.items()}
-            for k in keys}
+       "updates": {n: _updates(a["config"]) for n, a in results.items()},
+       "start": rl_table.start_of(results[base], keys)}
   for name, arm in results.items():
-    s["cells"][name] = {k: harness.cell(values[k][name]) for k in keys}
-    if name != base_name:
-      s["vs_base"][name] = {k: harness.diff_cell(values[k][name], values[k][base_name])
-                            for k in keys}
-    tr = arm["train"]
-    if "dars_rescued" in tr:
-      s["stage2"][name] = {key: float(np.mean(tr[key])) for key in (
-          "dars_all_wrong_stage1", "dars_rescued", "dars_extra_rollouts", "dars_budget_used",
-          "dars_truncated_fraction")
-          if key in tr}
-  s["interaction"] = {k: interaction({"dars-b": values[k]["dars-b"],
-                                      "grpo-b": values[k]["grpo-b"],
-                                      "dars-et": values[k]["dars-et"],
-                                      "base": values[k][base_name]})
+    if "dars_rescued" in arm["train"]:
+      s["stage2"][name] = {k: float(np.mean(arm["train"][k])) for k in STAGE2 if k in arm["train"]}
+  s["interaction"] = {k: interaction({"dars-b": values[k]["dars-b"], "grpo-b": values[k]["grpo-b"],
+                                      "dars-et": values[k]["dars-et"], "base": values[k][base]})
                       for k in ("pass@1", f"pass@{max(ks)}")}
-  judged, s["base_learned"] = harness.judge_gated(claims(sz), values,
-                                                  start=s["start"]["pass@1"], table="dars")
-  s["claims"] = [v.to_json() for v in judged]
-  s["verdicts"] = {v.claim.id: v.verdict for v in judged}
+  s.update(rl_table.judged(claims(sz), values, s["start"]["pass@1"], "dars"))
   s["sanity"] = None
   if curve is None:  # full-size runs: the curve is measured on the CPU SFT policy only
     return s
-  acc = np.asarray(curve["accuracy"])
-  dr = np.asarray(curve["dr_grpo"], np.float64)
+  acc, dr = np.asarray(curve["accuracy"]), np.asarray(curve["dr_grpo"], np.float64)
   peak = float(acc[np.nanargmax(dr)]) if np.any(np.isfinite(dr)) else float("nan")
   s["curve_peak_accuracy"] = peak
   # A sanity check, not a claim: with A = r - mean and binary rewards the cumulative |A| of a
@@ -324,66 +225,37 @@ def summarize(report: dict) -> dict:
   return s
 
 
-def _updates(cfg: dict) -> int:
-  """Optimizer updates of a run: steps x mini-batches x epochs."""
-  return (int(cfg["steps"]) * int(cfg.get("num_minibatches", 1))
-          * int(cfg.get("num_iterations", 1)))
-
-
 def render(report: dict) -> str:
-  from experiments import calibrate
-
   s, curve, sz = report["summary"], report["data"].get("curve"), Sizes(**report["config"])
-  ks, keys = s["ks"], s["keys"]
-  kmax = max(ks)
-  base_name = f"grpo-n{sz.n}"
+  ks, keys, base = s["ks"], s["keys"], f"grpo-n{sz.n}"
   setting = sz.setting or (f"{sz.steps} RL steps (breadth arms: {sz.steps // sz.breadth} steps "
-                           f"of {sz.breadth}x the prompts), {calibrate.describe(base_config(sz))}")
+                           f"of {sz.breadth}x the prompts), "
+                           + rl_table.setting(sz, base_config(sz)))
   head = [k.replace(f"/d{sz.hardest}", f" ({sz.hardest}-digit)") for k in keys]
-  paper = [c for c in s["claims"] if c["claim"]["family"] == "dars"]
-  gate = [c for c in s["claims"] if c["claim"]["family"] == "testbed"]
-  mdes = [c["mde"] for c in paper]
+  paper, nan = rl_table.family(s, "dars"), float("nan")
   lines = [
-      "# DARS / DARS-B at full size" if report.get("full") else "# DARS / DARS-B at CPU scale",
-      "", f"`{report['command']}`: {harness.seeds_note(sz, s['seeds_from_power'])}, "
-      f"{setting}, DARS objective. "
-      f"Primary metrics: test pass@{kmax} and pass@1 ({sz.eval_problems or 'all'} problems x "
-      f"{sz.eval_samples} samples), the mean of each seed's last {sz.window} evaluations. "
-      f"Minimum detectable effect of the claims: {min(mdes):.3f}-{max(mdes):.3f}. "
-      f"{harness.wall_time(report)} Cells: mean [95% t interval over seeds]; differences: "
-      "Welch intervals. Intervals exclude problem-sampling error (every arm is evaluated on "
-      "the same fixed test problems with the same evaluation key). SFT start: "
-      + ", ".join(f"{h} {s['start'][k]:.3f}" for h, k in zip(head, keys)) + ".", "",
-      "## Test pass@k (last-3 mean)", "", "| arm | " + " | ".join(head) + " | minutes |",
-      "| --- | " + " | ".join("---" for _ in keys) + " | --- |"]
-  for n, c in s["cells"].items():
-    lines.append(f"| {n} | " + " | ".join(harness.fmt(c[k]) for k in keys)
-                 + f" | {harness.minutes(s['arm_seconds'][n])} |")
-  lines += ["", f"## Minus {base_name}", "", "| arm | " + " | ".join(head) + " |",
-            "| --- | " + " | ".join("---" for _ in keys) + " |"]
-  for n, c in s["vs_base"].items():
-    lines.append(f"| {n} | " + " | ".join(harness.fmt(c[k]) for k in keys) + " |")
-  lines += ["", "## Breadth x depth", "",
-            f"| metric | {base_name} | + depth (dars-et) | + breadth (grpo-b) | both (dars-b) | "
-            "interaction (both - breadth) - (depth - base) |", "| --- | --- | --- | --- | --- | --- |"]
-  for k, inter in s["interaction"].items():
-    cells = [harness.fmt(s["cells"][a][k]) for a in (base_name, "dars-et", "grpo-b", "dars-b")]
-    lines.append(f"| {k} | " + " | ".join(cells) + f" | {harness.fmt(inter)} |")
-  lines += ["", "Interaction: Welch-Satterthwaite t interval over the four independent arms; "
-            "0 is what orthogonal (additive) dimensions give.", "",
-            "## Stage 2 (mean per step)", "",
-            "| arm | stage-1 all-wrong prompts | rescued (>= 1 correct in stage 2) | stage-2 rows "
-            "used | share of the budget used | share of the demand truncated |",
-            "| --- | --- | --- | --- | --- | --- |"]
-  nan = float("nan")
-  for n, r in s["stage2"].items():
-    lines.append(f"| {n} | {r['dars_all_wrong_stage1']:.2f} | {r['dars_rescued']:.2f} | "
-                 f"{r['dars_extra_rollouts']:.1f} | {r.get('dars_budget_used', nan):.3f} | "
-                 f"{r.get('dars_truncated_fraction', nan):.3f} |")
+      rl_table.title(report, "DARS / DARS-B"), "",
+      rl_table.header(report, sz, s, f"{setting}, DARS objective",
+                      f"metrics: test pass@{max(ks)} and pass@1", "claims", paper,
+                      ", ".join(f"{h} {s['start'][k]:.3f}" for h, k in zip(head, keys))), "",
+      *rl_table.arm_tables(s, keys, head, s["vs_base"], f"Minus {base}"),
+      "## Breadth x depth", "",
+      *rl_table.md_table(
+          ["metric", base, "+ depth (dars-et)", "+ breadth (grpo-b)", "both (dars-b)",
+           "interaction (both - breadth) - (depth - base)"],
+          [[k, *(R.fmt(s["cells"][a][k]) for a in (base, "dars-et", "grpo-b", "dars-b")),
+            R.fmt(inter)] for k, inter in s["interaction"].items()]),
+      "", "Interaction: Welch-Satterthwaite t interval over the four independent arms; 0 is what "
+      "orthogonal (additive) dimensions give.", "", "## Stage 2 (mean per step)", "",
+      *rl_table.md_table(
+          ["arm", "stage-1 all-wrong prompts", "rescued (>= 1 correct in stage 2)",
+           "stage-2 rows used", "share of the budget used", "share of the demand truncated"],
+          [[n, f"{r['dars_all_wrong_stage1']:.2f}", f"{r['dars_rescued']:.2f}",
+            f"{r['dars_extra_rollouts']:.1f}", f"{r.get('dars_budget_used', nan):.3f}",
+            f"{r.get('dars_truncated_fraction', nan):.3f}"] for n, r in s["stage2"].items()])]
   stored = [rl.RLConfig.upgrade(dict(r["config"])) for r in report["data"]["arms"].values()]
-  dars_args = [c["allocation_args"] for c in stored if c.get("allocation") in ("dars", "dars_b")]
-  budgets = {a.get("budget", 0) for a in dars_args}
-  chunks = {a.get("chunk", 0) for a in dars_args}
+  args = [c["allocation_args"] for c in stored if c.get("allocation") in ("dars", "dars_b")]
+  budgets, chunks = {a.get("budget", 0) for a in args}, {a.get("chunk", 0) for a in args}
   lines += ["", ("Stage 2 is sampled in calls of " + "/".join(map(str, sorted(chunks)))
                  + " rows, as many as the step's demand needs, up to P (n_max - N) rows, the "
                  "schedule's largest demand, so no prompt's stage-2 rollouts are truncated; "
@@ -395,78 +267,50 @@ def render(report: dict) -> str:
                  f"demand (budget {sorted(budgets)}): a share used of 1.000 means demand "
                  "was truncated."), ""]
   if curve is not None:
-    lines += [
-        f"## Cumulative |advantage| per group vs group accuracy (SFT policy, N={sz.n})", "",
-        "| accuracy | " + " | ".join(f"{a:.3g}" for a in curve["accuracy"]) + " |",
-        "| --- | " + " | ".join("---" for _ in curve["accuracy"]) + " |",
-        "| groups | " + " | ".join(str(g) for g in curve["groups"]) + " |",
-        "| sum abs(A), mean only | " + " | ".join(f"{v:.2f}" for v in curve["dr_grpo"]) + " |",
-        "| sum abs(A), mean and std | " + " | ".join(f"{v:.2f}" for v in curve["grpo"]) + " |",
-        ""]
-  ups = s.get("updates") or {}
-  ub, ud = ups.get("grpo-b"), ups.get(base_name)
-  lines += ["## Paper claims", "",
-            f"The gate ({base_name}'s pass@1 over the SFT start, one-sample t against it) must "
-            "pass before the DARS claims are read:", "", *harness.verdict_rows(gate), "",
-            ("Gate passed: the base learns." if s["base_learned"] else
-             "**Gate failed**: the base did not demonstrably learn, so the claims below compare "
-             "arms of a testbed where the base method does not learn."), "",
-            f"{sz.seeds} seeds per arm; one Holm family of {len(paper)} claims. The breadth "
-            f"arms make {ub if ub is not None else sz.steps // sz.breadth * 2} optimizer "
-            f"updates against {ud if ud is not None else sz.steps * 2} for {base_name} "
-            "(DARS-B's recipe: full-batch updates over 2 epochs), so the breadth claims are "
-            "about that recipe, not batch size alone.", "",
-            *harness.verdict_rows(paper), "", harness.protocol_note(paper), "",
-            harness.rules_note(s["claims"]), ""]
-  if s.get("sanity"):
-    lines += ["Sanity check (holds by algebra, not a reproduction): the mean-only cumulative "
-              f"advantage peaks at accuracy 0.5: peak at {s['curve_peak_accuracy']:.3g}, "
-              f"{s['sanity']['cumulative_advantage_peaks_at_half']}.", ""]
-  else:
-    lines += ["The cumulative-advantage sanity check is measured on the CPU SFT policy only; "
-              "full-size runs do not carry it.", ""]
+    lines += [f"## Cumulative |advantage| per group vs group accuracy (SFT policy, N={sz.n})", "",
+              *rl_table.md_table(["accuracy", *(f"{a:.3g}" for a in curve["accuracy"])], [
+                  ["groups", *map(str, curve["groups"])],
+                  ["sum abs(A), mean only", *(f"{v:.2f}" for v in curve["dr_grpo"])],
+                  ["sum abs(A), mean and std", *(f"{v:.2f}" for v in curve["grpo"])]]), ""]
+  ub, ud = s["updates"].get("grpo-b"), s["updates"].get(base)
+  lines += [*rl_table.claims_section(
+      s, "dars", "## Paper claims", rl_table.gate_intro(f"{base}'s pass@1 over the SFT start",
+                                                        "DARS"),
+      rl_table.gate_outcome("the base", ""),
+      f"{sz.seeds} seeds per arm; one Holm family of {len(paper)} claims. The breadth arms make "
+      f"{ub if ub is not None else sz.steps // sz.breadth * 2} optimizer updates against "
+      f"{ud if ud is not None else sz.steps * 2} for {base} (DARS-B's recipe: full-batch updates "
+      "over 2 epochs), so the breadth claims are about that recipe, not batch size alone."),
+      R.rules_note(s["claims"]), "",
+      "Sanity check (holds by algebra, not a reproduction): the mean-only cumulative advantage "
+      f"peaks at accuracy 0.5: peak at {s.get('curve_peak_accuracy', nan):.3g}, "
+      f"{s['sanity']['cumulative_advantage_peaks_at_half']}." if s.get("sanity") else
+      "The cumulative-advantage sanity check is measured on the CPU SFT policy only; full-size "
+      "runs do not carry it.", ""]
   return "\n".join(lines)
 
 
 def plot(report: dict, out_dir: str) -> list[str]:
-  s, curve, sz = report["summary"], report["data"].get("curve"), Sizes(**report["config"])
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  ks = s["ks"]
-  panels = [("", "all problems")]
-  if f"pass@1/d{sz.hardest}" in s["keys"]:
-    panels.append((f"/d{sz.hardest}", f"{sz.hardest}-digit problems"))
+  s, curve, sz, plt = (report["summary"], report["data"].get("curve"),
+                       Sizes(**report["config"]), rl_table.pyplot())
+  panels = [("", "all problems")] + ([(f"/d{sz.hardest}", f"{sz.hardest}-digit problems")]
+                                     if f"pass@1/d{sz.hardest}" in s["keys"] else [])
   fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.4), squeeze=False)
-  axes = axes[0]
-  for ax, (suffix, title) in zip(axes, panels):
-    for n, c in s["cells"].items():
-      harness.errorbars(ax, ks, [c[f"pass@{k}{suffix}"] for k in ks], label=n, capsize=2)
-    ax.plot(ks, [s["start"][f"pass@{k}{suffix}"] for k in ks], "k:", label="SFT start")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("k")
+  for ax, (suffix, title) in zip(axes[0], panels):
+    rl_table.passk_axes(ax, s["ks"], s["cells"], s["start"], suffix)
     ax.set_title(title)
-    ax.grid(alpha=0.3)
-  axes[0].set_ylabel("test pass@k (last-3 mean)")
-  axes[0].legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(os.path.join(out_dir, "passk.png"), dpi=120)
-  plt.close(fig)
+  axes[0][0].set_ylabel("test pass@k (last-3 mean)")
+  axes[0][0].legend(fontsize=7)
+  paths = [rl_table.save(fig, out_dir, "passk.png")]
   if curve is None:
-    return [os.path.join(out_dir, "passk.png")]
+    return paths
   fig, ax = plt.subplots(figsize=(4.8, 3.4))
   ax.plot(curve["accuracy"], curve["dr_grpo"], "o-", label="A = r - mean")
   ax.plot(curve["accuracy"], curve["grpo"], "s--", label="A = (r - mean) / std")
-  ax.set_xlabel("group accuracy")
-  ax.set_ylabel("cumulative |advantage| of the group")
+  ax.set(xlabel="group accuracy", ylabel="cumulative |advantage| of the group")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(os.path.join(out_dir, "cumulative_advantage.png"), dpi=120)
-  plt.close(fig)
-  return [os.path.join(out_dir, f) for f in ("passk.png", "cumulative_advantage.png")]
+  return paths + [rl_table.save(fig, out_dir, "cumulative_advantage.png")]
 
 
 # The full-size arms of ``experiments/dars/full.py`` that make this table, by the CPU arm they
@@ -479,40 +323,32 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   """Full-size runs of ``experiments/dars/full.py`` as this table's config and data: its
   equal-treatment arms in the CPU arms' places (``FULL_ARMS``); the cumulative-advantage curve
   and the digit bucket are CPU-only."""
-  full_size = importlib.import_module("experiments.dars.full")
-  from experiments.full_size import power_fields
+  from experiments.dars import full
 
   if prefix:
-    raise harness.RunsError(f"dars --full: the table has one set of arms, no --prefix (got "
-                            f"{prefix!r})")
-  runs = harness.collect_runs(runs_dir, full_size.FULL, select=set(FULL_ARMS))
-  missing = [n for n in FULL_ARMS if n not in runs]
-  if missing:
-    raise harness.RunsError(f"dars --full: no runs under {runs_dir} for arm(s) "
-                            f"{', '.join(missing)}")
+    raise runs.RunsError(f"dars --full: the table has one set of arms, no --prefix (got "
+                         f"{prefix!r})")
+  found = rl_table.full_runs("dars", runs_dir, full.FULL, FULL_ARMS, FULL_ARMS)
   # n_max names the naive-N arm (grpo-n16); dars-et's own n_max, 32, caps one prompt's
   # merged group
-  base, wide = runs["grpo-n8"]["config"], runs["dars-b-et"]["config"]
-  seeds = {n: len(runs[n]["seeds"]) for n in FULL_ARMS}
-  sz = Sizes(seeds=min(seeds.values()), steps=base["steps"], num_prompts=base["num_prompts"],
-             n=base["group_size"], n_max=runs["grpo-n16"]["config"]["group_size"],
-             breadth=max(1, wide["num_prompts"] // base["num_prompts"]),
-             eval_every=base["eval_every"], eval_problems=base["eval_problems"],
-             eval_samples=base["eval_samples"], **power_fields(),
-             setting=f"full size (experiments/dars/full.py: {base['task']}, {base['steps']} "
-                     f"steps of {base['num_prompts']} prompts, breadth arms {wide['steps']} "
-                     f"steps of {wide['num_prompts']}; lr {base['lr']:g} / {wide['lr']:g}"
-                     + ("" if len(set(seeds.values())) == 1 else
-                        f"; seeds per arm {seeds}, the header gives the fewest") + ")")
-  return dataclasses.asdict(sz), {"arms": {FULL_ARMS[n]: runs[n] for n in FULL_ARMS}}
+  base, wide = found["grpo-n8"]["config"], found["dars-b-et"]["config"]
+  seeds = {n: len(found[n]["seeds"]) for n in FULL_ARMS}
+  sz = rl_table.full_design(
+      Sizes, found, base, num_prompts=base["num_prompts"], n=base["group_size"],
+      n_max=found["grpo-n16"]["config"]["group_size"],
+      breadth=max(1, wide["num_prompts"] // base["num_prompts"]),
+      setting=f"full size (experiments/dars/full.py: {base['task']}, {base['steps']} steps of "
+              f"{base['num_prompts']} prompts, breadth arms {wide['steps']} steps of "
+              f"{wide['num_prompts']}; lr {base['lr']:g} / {wide['lr']:g}"
+              + rl_table.uneven(seeds) + ")")
+  return dataclasses.asdict(sz), {"arms": {FULL_ARMS[n]: found[n] for n in FULL_ARMS}}
 
 
-def replicate(config: dict, seeds: int, seed_offset: int) -> dict:
-  """Every arm of the committed design (each enters a claim) at fresh seeds."""
-  return dict(config, seeds=seeds, seed_offset=seed_offset)
-
-
-EXPERIMENT = harness.Experiment(name="dars", get_config=get_config, units=units,
-                                summarize=summarize, render=render, plot=plot, collect=collect,
-                                module="experiments.dars", full=from_full_runs,
-                                replicate=replicate)
+EXPERIMENT = rl_table.experiment(
+    "dars", sizes, Sizes, arms, base_config, extra_units=curve_unit, summarize=summarize,
+    render=render, plot=plot, full=from_full_runs,
+    collect=lambda config, results: {"arms": {k: v for k, v in results.items() if k != "curve"},
+                                     "curve": results["curve"]},
+    # a replication: every arm of the committed design (each enters a claim) at fresh seeds
+    replicate=lambda c, n, o: dict(c, seeds=n, seed_offset=o))
+get_config, units = EXPERIMENT.get_config, EXPERIMENT.units

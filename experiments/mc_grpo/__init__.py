@@ -37,104 +37,27 @@ the variant claims are read only if both are reproduced. The sign-flip rates are
 the SFT policy with a 64-sample reference per prompt and fresh groups (completions not among
 those that made the reference).
 
-The paper's own setup at full size (accelerators, not run here): ``experiments/mc_grpo/full.py``.
-
-Outputs in ``--out`` (default ``results/mc_grpo``): ``table.md``, ``results.json``,
-``learning_curves.png``, ``sign_flips.png``; finished arms are cached under ``cache/`` and not
-rerun. The block below is generated from ``results/mc_grpo/table.md``; until the table is
-regenerated with this design it holds the previous design's results (1-4 digits, 0/1 reward,
-8 prompts per step, 250 steps, 6 seeds).
-
-Results on this CPU (generated from results/mc_grpo/table.md; do not edit by hand):
-
-`python scripts/reproduce.py mc_grpo`: 8 seeds per arm (8 from power: pilot SD 0.0078, minimum effect 0.0125, 80% power, alpha 0.05; floor 8), 100 RL steps, band 2-3 digit addition, graded reward, 64 prompts per step, lr 0.0001, no KL; the same arms on the 0/1 reward as a secondary table. Primary metric: test pass@1 (300 problems x 8 samples), the mean of each seed's last 3 evaluations. SFT start: 0.244. Minimum detectable effect of the variant claims: 0.007-0.010. Wall time: 163.2 min of training and evaluation over all arms (this invocation 63.1 min; cached arms are not rerun). Run on AMD EPYC, 2 CPU cores, jax 0.10.2 on cpu at commit 4c1bc8a, from the pinned testbed 2fd651497158c750 (experiments/testbeds). Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude problem-sampling error (every arm is evaluated on the same fixed test problems with the same evaluation key).
-
-## Paper claims
-
-The testbed gate (one Holm family: GRPO's gains over the SFT start, one-sample t against it) must pass before the variant claims are read:
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| GRPO at G=8 gains over the SFT start | G8-mean - 0.244167: +0.090 [+0.088, +0.093] | 0 | 2.71e-12 (5.42e-12) | 0.00391 | 8 | 0.003 | e307ab4 | reproduced |
-| GRPO at G=2 gains over the SFT start | G2-mean - 0.244167: +0.074 [+0.068, +0.080] | 0 | 5.23e-09 (5.23e-09) | 0.00391 | 8 | 0.007 | e307ab4 | reproduced |
-
-Gate passed: GRPO learns at both G.
-
-Variant claims (one Holm family), 8 seeds per arm:
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| the median at G=2 comes within 1% of G=8 | G8-mean: +0.025 [+0.020, +0.029] | +-0.01 | 1 (1) | 0.0002 | 8 vs 8 | 0.007 | 5183d8b | not reproduced; but a - b is significantly above 0 (95% interval [+0.019, +0.030]) |
-| median beats the mean baseline at G=2 | G2-median: -0.008 [-0.015, -0.001] | 0.0125 | 0.989 (1) | 0.987 | 8 vs 8 | 0.010 | 5183d8b | not reproduced; near its threshold (the deciding bound is 0.001 from it, under half the minimum detectable effect 0.010) |
-| median beats the unbiased same-compute control at G=2 | G2-median: -0.005 [-0.011, +0.001] | 0.0125 | 0.953 (1) | 0.953 | 8 vs 8 | 0.009 | e307ab4 | not reproduced; near its threshold (the deciding bound is 0.002 from it, under half the minimum detectable effect 0.009) |
-| median beats the official same-compute ablation at G=2 | G2-median: -0.011 [-0.018, -0.005] | 0.0125 | 0.999 (1) | 0.998 | 8 vs 8 | 0.009 | e307ab4 | not reproduced; near its threshold (the deciding bound is 0.005 from it, under half the minimum detectable effect 0.009) |
-
-Statistics: TOST (Welch), margin 0.01; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.00637; minimum detectable effect (80% power) 0.00692-0.00959.
-
-### Secondary table: the same claims on the 0/1 reward
-
-Pre-declared as secondary: its own gate and Holm families, judged the same way.
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| GRPO at G=8 gains over the SFT start | 01-G8-mean - 0.244167: +0.087 [+0.082, +0.092] | 0 | 3.92e-10 (7.84e-10) | 0.00391 | 8 | 0.006 | d627d96 (exploratory) | reproduced |
-| GRPO at G=2 gains over the SFT start | 01-G2-mean - 0.244167: +0.061 [+0.053, +0.070] | 0 | 2.58e-07 (2.58e-07) | 0.00391 | 8 | 0.011 | d627d96 (exploratory) | reproduced |
-
-Gate passed: GRPO learns at both G on the 0/1 reward.
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| the median at G=2 comes within 1% of G=8 | 01-G8-mean: +0.023 [+0.017, +0.029] | +-0.01 | 0.999 (1) | 0.0004 | 8 vs 8 | 0.010 | d627d96 (exploratory) | not reproduced; but a - b is significantly above 0 (95% interval [+0.016, +0.030]) |
-| median beats the mean baseline at G=2 | 01-G2-median: +0.003 [-0.007, +0.012] | 0.0125 | 0.285 (1) | 0.289 | 8 vs 8 | 0.013 | d627d96 (exploratory) | not reproduced; near its threshold (the deciding bound is 0.002 from it, under half the minimum detectable effect 0.013) |
-| median beats the unbiased same-compute control at G=2 | 01-G2-median: -0.001 [-0.010, +0.008] | 0.0125 | 0.598 (1) | 0.604 | 8 vs 8 | 0.012 | d627d96 (exploratory) | not reproduced; near its threshold (the deciding bound is 0.004 from it, under half the minimum detectable effect 0.012) |
-| median beats the official same-compute ablation at G=2 | 01-G2-median: -0.014 [-0.021, -0.007] | 0.0125 | 1 (1) | 0.999 | 8 vs 8 | 0.009 | d627d96 (exploratory) | not reproduced |
-
-Statistics: TOST (Welch), margin 0.01; Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.00883; minimum detectable effect (80% power) 0.00935-0.0133.
-
-### Over other bases: the median at G=2 over DAPO and Dr.GRPO (graded reward)
-
-The paper's "orthogonal to the base" claim: each base's own G=2 mean arm must gain over the SFT start (its own gate family), then median vs mean over that base (one Holm family).
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| DAPO at G=2 gains over the SFT start | dapo-G2-mean - 0.244167: +0.067 [+0.061, +0.073] | 0 | 2.44e-08 (2.44e-08) | 0.00391 | 8 | 0.008 | 383ff97 (exploratory) | reproduced |
-| Dr.GRPO at G=2 gains over the SFT start | dr_grpo-G2-mean - 0.244167: +0.070 [+0.064, +0.076] | 0 | 8.72e-09 (1.74e-08) | 0.00391 | 8 | 0.007 | 383ff97 (exploratory) | reproduced |
-
-Gate passed: every base learns at G=2.
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| over DAPO, the median beats the mean baseline at G=2 | dapo-G2-median: -0.005 [-0.013, +0.002] | 0.0125 | 0.92 (1) | 0.918 | 8 vs 8 | 0.010 | 383ff97 (exploratory) | not reproduced; near its threshold (the deciding bound is 0.001 from it, under half the minimum detectable effect 0.010) |
-| over Dr.GRPO, the median beats the mean baseline at G=2 | dr_grpo-G2-median: -0.004 [-0.012, +0.004] | 0.0125 | 0.846 (1) | 0.838 | 8 vs 8 | 0.011 | 383ff97 (exploratory) | not reproduced; near its threshold (the deciding bound is 0.002 from it, under half the minimum detectable effect 0.011) |
-
-Statistics: Welch interval and one-sided Welch test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.00723; minimum detectable effect (80% power) 0.0104-0.0109.
-
-Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome); an equivalence claim (margin 0.01) is *reproduced* when TOST rejects (Holm-adjusted), *not reproduced* when its 90% interval lies wholly outside the margin, *inconclusive* otherwise. An equivalence claim whose difference is significantly non-zero (95% interval), whatever its verdict, and a holding no-gain claim whose difference is, say so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline.
-
-| claim (paper) | ours: a - b [interval] | z | p | rollouts | verdict |
-| --- | --- | --- | --- | --- | --- |
-| the median gives fewer opposite-sign advantages (graded reward) | median G=2: -0.039 [-0.042, -0.036] (0.011 vs 0.050) | -26.20 | 1.42e-151 | 19163 vs 28737 | reproduced |
-
-The mechanism claim compares opposite-sign rates pooled over rollouts (median G=2 minus mean G=2, from the "Advantage sign flips" table, fresh groups): a one-sided two-proportion z-test (``harness.judge_proportions``), reproduced when p <= 0.05 and the 95% interval lies below 0, not Holm-adjusted. It treats rollouts as independent, which groups of the same prompts are not: a lenient test.
-
-(end of generated results)
+The paper's own setup at full size (accelerators, not run here): ``experiments/mc_grpo/full.py``
+(its arms and these from ``experiments/mc_grpo/arms.py``). Outputs in ``--out`` (default
+``results/mc_grpo``): ``table.md``, ``results.json``, ``learning_curves.png``, ``sign_flips.png``;
+finished arms are cached under ``cache/``. The numbers the table last produced:
+``results/mc_grpo/table.md`` and the README's results section.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import os
-import sys
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.stats
 
-from experiments import harness, rl_seeds
+from experiments import claims as C
+from experiments import report as R
+from experiments import rl_seeds, rl_table, runs
+from experiments.mc_grpo.arms import overrides
 from rlpost import objectives as O
-from rlpost.eval import stats
 from rlpost.tasks import arithmetic
 from rlpost.train import rl
 
@@ -142,36 +65,28 @@ BASELINES = ("mean", "median", "mean_drop", "mean_random")
 LABELS = {"mean": "mean over G (GRPO)", "median": "median over G+1 (MC-GRPO)",
           "mean_drop": "mean over G+1, smallest |r| dropped (official ablation)",
           "mean_random": "mean over G+1, random rollout dropped (unbiased control)"}
+BASE_LABELS = {"dapo": "DAPO", "dr_grpo": "Dr.GRPO"}
 METRIC = "pass@1"  # per seed: the mean of the last ``window`` evaluations
 BINARY = "01-"  # arm-name prefix of the secondary table's arms (0/1 reward)
 GAP_MARGIN = 0.01  # the paper's "within 1%"
 
 
 @dataclasses.dataclass(frozen=True)
-class Sizes:
+class Sizes(rl_table.Design):
   """The pre-declared design. Defaults on 2 CPU cores: ~18 minutes per table of five arms (the
   graded table and the 0/1 secondary), ~14 for the four arms over other bases: ~50 minutes."""
 
-  seeds: int = 8
-  seed_offset: int = 0  # the first seed (a replication runs seeds the table did not use)
-  steps: int = 100
-  eval_every: int = 20
-  window: int = 3
   eval_problems: int = 300
   eval_samples: int = 8
-  small_g: int = 2
-  large_g: int = 8
   pilot_sd: float = 0.0078
   min_effect: float = 0.0125
-  min_seeds: int = 8
+  small_g: int = 2
+  large_g: int = 8
   flip_prompts: int = 200  # sign-flip analysis: prompts x reference samples, fresh pool
   flip_reference: int = 64
   flip_pool: int = 144
   binary_secondary: bool = True  # the same arms on the 0/1 reward: the secondary table
   bases: tuple = ("dapo", "dr_grpo")  # MC-GRPO over other bases, at G=small_g, graded reward
-  base: dict = dataclasses.field(default_factory=dict)
-  setting: str = ""  # the testbed in words when it is not the CPU one (full-size runs)
-  sd_source: str = ""  # where pilot_sd comes from when not the CPU pilot (full-size runs)
   # The primary table's reward: "graded", or "binary" for runs trained on a two-valued reward
   # (a full-size MATH table), whose claims are then the 0/1 family's.
   primary_reward: str = "graded"
@@ -193,54 +108,16 @@ def sizes(quick: bool) -> Sizes:
                base=tiny)
 
 
-def seeds_from_power(sz: Sizes) -> int:
-  return max(sz.min_seeds, stats.seeds_needed(sz.pilot_sd, sz.min_effect))
-
-
 def base_config(sz: Sizes, *, graded: bool = True) -> dict:
   """The testbed's RLConfig dict: graded reward (the primary table) or 0/1 (the secondary)."""
-  from experiments import calibrate
-
-  cfg = calibrate.testbed_config("b23-lr1e-4-kl0-p64")
-  cfg.update(graded_reward=graded, steps=sz.steps, eval_every=sz.eval_every,
-             eval_problems=sz.eval_problems, eval_samples=sz.eval_samples,
-             checkpoint_every=10 ** 9)
-  cfg.update(sz.base)
-  return cfg
-
-
-def arm_config(base: dict, g: int, baseline: str, *, kl_coef: float | None = None,
-               rescale: bool = False, recipe: str = "grpo") -> dict:
-  """The RLConfig dict of one arm (G is the number of gradient-contributing rollouts).
-
-  ``kl_coef``: the recipes' KL coefficient (None: theirs, 0.04); ``rescale``: the median arm
-  multiplies non-zero advantages by (G+1) / n_nonzero (the official GSM trainer's rule);
-  ``recipe``: the base ("grpo", "dapo", "dr_grpo"; the mean and median baselines only)."""
-  args = {} if kl_coef is None else {"kl_coef": kl_coef}
-  if recipe != "grpo":
-    if baseline not in ("mean", "median"):
-      raise ValueError(f"baseline {baseline!r} is only run over the GRPO base")
-    args = dict(args, base=recipe) if baseline == "median" else args
-  if baseline == "mean":
-    return dict(base, recipe=recipe, group_size=g, recipe_args=args)
-  if baseline == "median":
-    return dict(base, recipe="mc_grpo", group_size=g + 1,
-                recipe_args=dict(args, rescale=True) if rescale else args)
-  if baseline in ("mean_drop", "mean_random"):
-    kind = "mean" if baseline == "mean_drop" else "mean_random"
-    return dict(base, recipe="mc_grpo", group_size=g + 1, recipe_args=dict(args, baseline=kind))
-  raise ValueError(f"unknown baseline {baseline!r}")
+  return rl_table.testbed_config(sz, graded_reward=graded)
 
 
 def arm_names(sz: Sizes, prefix: str = "") -> dict:
   """{arm name: (G, baseline)}: the G=8 target, then every baseline at G=2; ``prefix``
   ``BINARY`` names the secondary table's arms."""
-  out = {f"{prefix}G{sz.large_g}-mean": (sz.large_g, "mean")}
-  out.update({f"{prefix}G{sz.small_g}-{bl}": (sz.small_g, bl) for bl in BASELINES})
-  return out
-
-
-BASE_LABELS = {"dapo": "DAPO", "dr_grpo": "Dr.GRPO"}
+  return {f"{prefix}G{sz.large_g}-mean": (sz.large_g, "mean"),
+          **{f"{prefix}G{sz.small_g}-{bl}": (sz.small_g, bl) for bl in BASELINES}}
 
 
 def base_arm_names(sz: Sizes) -> dict:
@@ -249,83 +126,65 @@ def base_arm_names(sz: Sizes) -> dict:
   return {f"{b}-G{sz.small_g}-{bl}": (b, bl) for b in sz.bases for bl in ("mean", "median")}
 
 
-def base_claims(sz: Sizes) -> list[harness.Claim]:
-  """The paper's "orthogonal to the base" claim, one per base (family "mc_grpo_bases"), gated
-  on each base's mean arm gaining over the SFT start (family "testbed")."""
-  g0, out = sz.small_g, []
-  for b in sz.bases:
-    out.append(harness.Claim(f"{b}_learns_small_g", f"{BASE_LABELS[b]} at G={g0} gains over "
-                             "the SFT start", "gain", (f"{b}-G{g0}-mean",), family="testbed"))
-  for b in sz.bases:
-    out.append(harness.Claim(f"median_beats_mean_over_{b}", f"over {BASE_LABELS[b]}, the median "
-                             f"beats the mean baseline at G={g0}", METRIC,
-                             (f"{b}-G{g0}-median", f"{b}-G{g0}-mean"), family="mc_grpo_bases",
-                             sesoi=sz.min_effect))
+def arms(sz: Sizes) -> dict:
+  """{arm name: RLConfig overrides over the graded testbed}: the primary arms, the same recipes
+  on the 0/1 reward (the secondary table), the mean and median over the other bases; no KL."""
+  kw = dict(kl_coef=0.0, rescale=True)
+  out = {name: overrides(g, bl, **kw) for name, (g, bl) in arm_names(sz).items()}
+  if sz.binary_secondary:  # the same arms and recipes, only the reward differs
+    out.update({name: dict(overrides(g, bl, **kw), graded_reward=False)
+                for name, (g, bl) in arm_names(sz, BINARY).items()})
+  out.update({name: overrides(sz.small_g, bl, recipe=b, **kw)
+              for name, (b, bl) in base_arm_names(sz).items()})
   return out
 
 
-def claims(sz: Sizes, prefix: str = "") -> list[harness.Claim]:
+def claims(sz: Sizes, prefix: str = "") -> list[C.Claim]:
   """The testbed gate (family "testbed"; one-sample claims about the gain over the SFT start,
   filled in by ``summarize``) and the paper's claims about trained arms (family "mc_grpo").
-
-  ``prefix`` ``BINARY``: the same claims about the secondary table's arms (0/1 reward), ids
-  ending in "_01", family "mc_grpo_01"; ``summarize`` judges them as their own gate and family.
-  A design whose primary table is on a two-valued reward (``primary_reward`` "binary") gets
-  the "_01" ids and family for its primary arms too.
-  """
+  ``prefix`` ``BINARY``, or a primary table on a two-valued reward (``primary_reward``
+  "binary"): the same claims with ids ending in "_01", family "mc_grpo_01"."""
   g0, g1 = sz.small_g, sz.large_g
-  binary = bool(prefix) or sz.primary_reward == "binary"
-  tag, fam = ("_01", "mc_grpo_01") if binary else ("", "mc_grpo")
+  tag, fam = ("_01", "mc_grpo_01") if prefix or sz.primary_reward == "binary" else ("", "mc_grpo")
   a = lambda name: prefix + name  # noqa: E731
+  beats = [("median_beats_mean_small_g", "the mean baseline", "mean"),
+           ("median_beats_random_drop_small_g", "the unbiased same-compute control",
+            "mean_random"),
+           ("median_beats_min_abs_drop_small_g", "the official same-compute ablation",
+            "mean_drop")]
   return [
-      harness.Claim("grpo_learns_large_g" + tag, f"GRPO at G={g1} gains over the SFT start",
-                    "gain", (a(f"G{g1}-mean"),), family="testbed"),
-      harness.Claim("grpo_learns_small_g" + tag, f"GRPO at G={g0} gains over the SFT start",
-                    "gain", (a(f"G{g0}-mean"),), family="testbed"),
-      harness.Claim("gap_within_1pct" + tag, f"the median at G={g0} comes within 1% of G={g1}",
-                    METRIC, (a(f"G{g1}-mean"), a(f"G{g0}-median")), "equivalent", GAP_MARGIN,
-                    fam),
-      harness.Claim("median_beats_mean_small_g" + tag,
-                    f"median beats the mean baseline at G={g0}", METRIC,
-                    (a(f"G{g0}-median"), a(f"G{g0}-mean")), family=fam, sesoi=sz.min_effect),
-      harness.Claim("median_beats_random_drop_small_g" + tag,
-                    f"median beats the unbiased same-compute control at G={g0}", METRIC,
-                    (a(f"G{g0}-median"), a(f"G{g0}-mean_random")), family=fam,
-                    sesoi=sz.min_effect),
-      harness.Claim("median_beats_min_abs_drop_small_g" + tag,
-                    f"median beats the official same-compute ablation at G={g0}", METRIC,
-                    (a(f"G{g0}-median"), a(f"G{g0}-mean_drop")), family=fam,
-                    sesoi=sz.min_effect),
-  ]
+      *(C.Claim(f"grpo_learns_{which}_g{tag}", f"GRPO at G={g} gains over the SFT start", "gain",
+                (a(f"G{g}-mean"),), family="testbed")
+        for which, g in (("large", g1), ("small", g0))),
+      C.Claim("gap_within_1pct" + tag, f"the median at G={g0} comes within 1% of G={g1}",
+              METRIC, (a(f"G{g1}-mean"), a(f"G{g0}-median")), "equivalent", GAP_MARGIN, fam),
+      *(C.Claim(cid + tag, f"median beats {what} at G={g0}", METRIC,
+                (a(f"G{g0}-median"), a(f"G{g0}-{bl}")), family=fam, sesoi=sz.min_effect)
+        for cid, what, bl in beats)]
 
 
-def rate_claim(sz: Sizes) -> harness.Claim:
-  """The mechanism claim, about opposite-sign rates pooled over rollouts (not over seeds)."""
+def base_claims(sz: Sizes) -> list[C.Claim]:
+  """The paper's "orthogonal to the base" claim, one per base (family "mc_grpo_bases"), gated
+  on each base's mean arm gaining over the SFT start (family "testbed")."""
   g0 = sz.small_g
-  return harness.Claim("median_fewer_sign_flips",
-                       "the median gives fewer opposite-sign advantages (graded reward)",
-                       "opposite-sign rate, graded reward", (f"median G={g0}", f"mean G={g0}"),
-                       "less")
+  return [*(C.Claim(f"{b}_learns_small_g", f"{BASE_LABELS[b]} at G={g0} gains over the SFT "
+                    "start", "gain", (f"{b}-G{g0}-mean",), family="testbed") for b in sz.bases),
+          *(C.Claim(f"median_beats_mean_over_{b}", f"over {BASE_LABELS[b]}, the median beats the "
+                    f"mean baseline at G={g0}", METRIC, (f"{b}-G{g0}-median", f"{b}-G{g0}-mean"),
+                    family="mc_grpo_bases", sesoi=sz.min_effect) for b in sz.bases)]
 
 
-# ------------------------------------------------------------------------------- sign flips
+def rate_claim(sz: Sizes) -> C.Claim:
+  """The mechanism claim, about opposite-sign rates pooled over rollouts (not over seeds)."""
+  return C.Claim("median_fewer_sign_flips",
+                 "the median gives fewer opposite-sign advantages (graded reward)",
+                 "opposite-sign rate, graded reward",
+                 (f"median G={sz.small_g}", f"mean G={sz.small_g}"), "less")
+
+
 FLIP_RECIPES = {"mean": ("grpo", {}, 0), "median": ("mc_grpo", {}, 1),
                 "mean_drop": ("mc_grpo", {"baseline": "mean"}, 1),
                 "mean_random": ("mc_grpo", {"baseline": "mean_random"}, 1)}
-
-
-def _sample_rows(trainer: rl.Trainer, idx: np.ndarray, key, chunk: int = 2048):
-  """Completions of prompts ``idx`` [R] in fixed-size chunks (one compilation)."""
-  sample = jax.jit(trainer.sample)
-  r = len(idx)
-  pad = -r % chunk
-  full = np.concatenate([idx, np.zeros(pad, idx.dtype)])
-  toks, masks = [], []
-  for i, k in enumerate(jax.random.split(key, len(full) // chunk)):
-    ro = sample(trainer.ref_params, jnp.asarray(full[i * chunk:(i + 1) * chunk]), k)
-    toks.append(np.asarray(ro.tokens))
-    masks.append(np.asarray(ro.mask))
-  return np.concatenate(toks)[:r], np.concatenate(masks)[:r]
 
 
 def sign_flip_rates(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0) -> dict:
@@ -345,8 +204,8 @@ def sign_flip_rates(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0) -> dict:
   k_ref, k_pool, k_adv = jax.random.split(jax.random.key(seed), 3)
   ref_idx = np.repeat(np.arange(n, dtype=np.int32), m)
   pool_idx = np.repeat(np.arange(n, dtype=np.int32), pool)
-  ref = _sample_rows(trainer, ref_idx, k_ref)
-  fresh = _sample_rows(trainer, pool_idx, k_pool)
+  ref = rl_seeds.sample_rows(trainer, ref_idx, k_ref)
+  fresh = rl_seeds.sample_rows(trainer, pool_idx, k_pool)
   out = {}
   for kind in ("binary", "graded"):
     def rewards(tokens, mask, idx):
@@ -356,10 +215,9 @@ def sign_flip_rates(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0) -> dict:
 
     b = rewards(*ref, ref_idx).reshape(n, m).mean(axis=1)
     r_pool = rewards(*fresh, pool_idx).reshape(n, pool)
-    res = {}
+    out[kind] = {}
     for baseline, (name, args, extra) in FLIP_RECIPES.items():
-      recipe = O.get_recipe(name, **args)
-      res[baseline] = {}
+      recipe, out[kind][baseline] = O.get_recipe(name, **args), {}
       for g in (sz.small_g, sz.large_g):
         size = g + extra
         per = pool // size
@@ -372,82 +230,43 @@ def sign_flip_rates(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0) -> dict:
         flips = O.sign_flip_rates(adv.values, batch.rewards,
                                   jnp.asarray(np.repeat(b, per * size), jnp.float32),
                                   adv.weights > 0)
-        opp, zero = float(flips.opposite), float(flips.zeroed)
-        count = int(flips.count)
-        res[baseline][g] = {"opposite": opp, "zeroed": zero,
-                            "correct": 1.0 - opp - zero if count else 0.0, "count": count}
-    out[kind] = res
+        opp, zero, count = float(flips.opposite), float(flips.zeroed), int(flips.count)
+        out[kind][baseline][g] = {"opposite": opp, "zeroed": zero,
+                                  "correct": 1.0 - opp - zero if count else 0.0, "count": count}
   return out
 
 
-# ---------------------------------------------------------------------------------- running
-def get_config(quick: bool) -> dict:
-  return dataclasses.asdict(sizes(quick))
-
-
-def _sizes(config: dict) -> Sizes:
-  return Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
-
-
-def units(config: dict) -> dict:
-  sz = _sizes(config)
-  base = base_config(sz)
-  cfgs = {name: arm_config(base, g, bl, kl_coef=0.0, rescale=True)
-          for name, (g, bl) in arm_names(sz).items()}
-  if sz.binary_secondary:  # the same arms and recipes, only the reward differs
-    binary = base_config(sz, graded=False)
-    cfgs.update({name: arm_config(binary, g, bl, kl_coef=0.0, rescale=True)
-                 for name, (g, bl) in arm_names(sz, BINARY).items()})
-  cfgs.update({name: arm_config(base, sz.small_g, bl, kl_coef=0.0, rescale=True, recipe=b)
-               for name, (b, bl) in base_arm_names(sz).items()})
-  out = rl_seeds.arm_units(cfgs, list(range(sz.seed_offset, sz.seed_offset + sz.seeds)))
+def sign_flip_unit(sz: Sizes, cfgs: dict, config: dict) -> dict:
   small = cfgs[f"G{sz.small_g}-mean"]
-  out["sign_flips"] = harness.Unit(
+  return {"sign_flips": rl_table.harness.Unit(
       {"sign_flips": small, "sizes": config, "design": "fresh groups"},
-      lambda progress: sign_flip_rates(rl.make_train(small, log=lambda s: None), sz))
-  return out
+      lambda progress: sign_flip_rates(rl.make_train(small, log=lambda s: None), sz))}
 
 
 def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   """Full-size runs of ``experiments/mc_grpo/full.py`` (one dataset: ``prefix`` "math-" or
   "gsm8k-") as this table's config and data; the sign-flip analysis is CPU-only."""
-  full_size = importlib.import_module("experiments.mc_grpo.full")
-  from experiments.full_size import power_fields
+  from experiments.mc_grpo import full
 
   if prefix not in ("math-", "gsm8k-"):
-    raise harness.RunsError(f"mc_grpo --full: --prefix must be 'math-' or 'gsm8k-' (one "
-                            f"dataset per table), got {prefix!r}")
+    raise runs.RunsError(f"mc_grpo --full: --prefix must be 'math-' or 'gsm8k-' (one dataset "
+                         f"per table), got {prefix!r}")
   sz = Sizes(binary_secondary=False, bases=())
-  wanted = {prefix + n for n in arm_names(sz)}
-  runs = {k[len(prefix):]: v
-          for k, v in harness.collect_runs(runs_dir, full_size.FULL, select=wanted).items()}
-  missing = [n for n in arm_names(sz) if n not in runs]
-  if missing:
-    raise harness.RunsError(f"mc_grpo --full: no runs under {runs_dir} for arm(s) "
-                            f"{', '.join(prefix + n for n in missing)}")
-  cfg = runs[f"G{sz.small_g}-median"]["config"]
-  big = runs[f"G{sz.large_g}-mean"]["config"]
-  seeds = {n: len(runs[n]["seeds"]) for n in arm_names(sz)}
+  wanted = [prefix + n for n in arm_names(sz)]
+  found = {k[len(prefix):]: v for k, v in rl_table.full_runs(
+      "mc_grpo", runs_dir, full.FULL, wanted, wanted).items()}
+  cfg, big = found[f"G{sz.small_g}-median"]["config"], found[f"G{sz.large_g}-mean"]["config"]
   # Every run matched its arm's config, graded_reward included, and a dataset's arms share it.
   sz = dataclasses.replace(sz, primary_reward="graded" if cfg.get("graded_reward") else "binary")
   reward = "graded" if sz.primary_reward == "graded" else "0/1"
-  sz = dataclasses.replace(
-      sz, **power_fields(), seeds=min(seeds.values()), steps=cfg["steps"],
-      eval_every=cfg["eval_every"],
-      eval_problems=cfg["eval_problems"], eval_samples=cfg["eval_samples"],
+  sz = rl_table.full_design(
+      functools.partial(dataclasses.replace, sz), found, cfg,
       setting=f"full size, {prefix[:-1]} (experiments/mc_grpo/full.py: {cfg['task']}, "
-              f"{cfg['num_prompts']} prompts per step at G={sz.small_g}, "
-              f"{big['num_prompts']} prompts x {big['steps']} steps at G={sz.large_g}, lr "
-              f"{cfg['lr']:g}, {reward} reward (claim family {primary_family(sz)})"
-              + ("" if len(set(seeds.values())) == 1 else
-                 f"; seeds per arm {seeds}, the header gives the fewest")
-              + ")")
-  return dataclasses.asdict(sz), {"arms": {n: runs[n] for n in arm_names(sz)}}
-
-
-def collect(config: dict, results: dict) -> dict:
-  return {"arms": {k: v for k, v in results.items() if k != "sign_flips"},
-          "sign_flips": results["sign_flips"]}
+              f"{cfg['num_prompts']} prompts per step at G={sz.small_g}, {big['num_prompts']} "
+              f"prompts x {big['steps']} steps at G={sz.large_g}, lr {cfg['lr']:g}, {reward} "
+              f"reward (claim family {primary_family(sz)})"
+              + rl_table.uneven({n: len(found[n]["seeds"]) for n in arm_names(sz)}) + ")")
+  return dataclasses.asdict(sz), {"arms": {n: found[n] for n in arm_names(sz)}}
 
 
 def _flips(report: dict) -> dict | None:
@@ -459,150 +278,86 @@ def _flips(report: dict) -> dict | None:
           for k, r in report["data"]["sign_flips"].items()}
 
 
-def primary(arm: dict, window: int) -> np.ndarray:
-  """[S] the mean of each seed's last ``window`` evaluations (step 0 excluded)."""
-  evals = arm["evals"][1:][-window:]
-  return np.array([[e["per_seed"][i][METRIC] for e in evals]
-                   for i in range(len(arm["seeds"]))]).mean(axis=1)
-
-
-def gap_fraction(low, mid, high, *, level: float = 0.95, n_resamples: int = 9999,
-                 seed: int = 0) -> dict:
-  """(mean(mid) - mean(low)) / (mean(high) - mean(low)) of three independent arms' per-seed
-  values, with a BCa bootstrap interval (each arm's seeds resampled on their own)."""
-  low, mid, high = (np.asarray(x, np.float64) for x in (low, mid, high))
-
-  def frac(a, b, c, axis=-1):
-    return (np.mean(b, axis=axis) - np.mean(a, axis=axis)) / (
-        np.mean(c, axis=axis) - np.mean(a, axis=axis))
-
-  est = float(frac(low, mid, high))
-  try:
-    res = scipy.stats.bootstrap((low, mid, high), frac, vectorized=True, paired=False,
-                                confidence_level=level, method="BCa", n_resamples=n_resamples,
-                                rng=np.random.default_rng(seed))
-    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-  except (ValueError, FloatingPointError):
-    lo = hi = float("nan")
-  return {"fraction": est, "lo": lo, "hi": hi, "method": f"BCa bootstrap, {n_resamples} "
-          "resamples, arms resampled independently"}
-
-
-# ---------------------------------------------------------------------------------- summary
-def _gated_cells(results: dict, names, claim_list, window: int, start: float) -> dict:
-  """Per-arm cells (primary metric, gain over ``start``, final evaluation, seconds) of the arms
-  ``names`` and the gated verdicts of ``claim_list``; "prim" holds the per-seed values."""
-  prim = {name: primary(results[name], window) for name in names}
-  judged, learned = harness.judge_gated(claim_list, {"gain": prim, METRIC: prim}, start=start,
-                                        table="mc_grpo")
-  return {"prim": prim, "cells": {n: harness.cell(v) for n, v in prim.items()},
-          "gains": {n: harness.cell(v - start) for n, v in prim.items()},
-          "final_eval": {n: harness.cell(rl_seeds.final_metric(results[n], METRIC))
-                         for n in names},
-          "arm_seconds": {n: results[n]["seconds"] for n in names},
-          "base_learned": learned, "claims": [v.to_json() for v in judged],
-          "verdicts": {v.claim.id: v.verdict for v in judged}}
+def _gated(results: dict, names, claim_list, window: int, start: float) -> tuple[dict, dict]:
+  """(per-seed primary values, per-arm cells (primary metric, gain over ``start``, final
+  evaluation, seconds) of the arms ``names`` with the gated verdicts of ``claim_list``)."""
+  prim = {n: rl_table.window_mean(results[n], METRIC, window) for n in names}
+  return prim, {
+      "cells": {n: R.cell(v) for n, v in prim.items()},
+      "gains": {n: R.cell(v - start) for n, v in prim.items()},
+      "final_eval": {n: R.cell(rl_seeds.final_metric(results[n], METRIC)) for n in names},
+      "arm_seconds": {n: results[n]["seconds"] for n in names},
+      **rl_table.judged(claim_list, {"gain": prim, METRIC: prim}, start, "mc_grpo")}
 
 
 def _judge_table(results: dict, sz: Sizes, prefix: str = "") -> dict:
   """One table's cells, differences, gap fraction and gated verdicts, over the arms of
   ``arm_names(sz, prefix)``."""
   names = arm_names(sz, prefix)
-  first = results[next(iter(names))]["evals"][0]["per_seed"]
-  start = float(np.mean([e[METRIC] for e in first]))
-  t = _gated_cells(results, names, claims(sz, prefix), sz.window, start)
-  prim = t.pop("prim")
+  start = rl_table.start_of(results[next(iter(names))], [METRIC])[METRIC]
+  prim, t = _gated(results, names, claims(sz, prefix), sz.window, start)
   g0, g1 = f"{prefix}G{sz.small_g}", f"{prefix}G{sz.large_g}"
   return {"start_pass@1": start, **t,
-          "vs": {bl: harness.diff_cell(prim[f"{g0}-median"], prim[f"{g0}-{bl}"])
+          "vs": {bl: R.diff_cell(prim[f"{g0}-median"], prim[f"{g0}-{bl}"])
                  for bl in BASELINES if bl != "median"},
-          "gap": harness.diff_cell(prim[f"{g1}-mean"], prim[f"{g0}-mean"]),
-          "gap_closed": gap_fraction(prim[f"{g0}-mean"], prim[f"{g0}-median"],
-                                     prim[f"{g1}-mean"])}
+          "gap": R.diff_cell(prim[f"{g1}-mean"], prim[f"{g0}-mean"]),
+          "gap_closed": rl_table.gap_fraction(prim[f"{g0}-mean"], prim[f"{g0}-median"],
+                                              prim[f"{g1}-mean"])}
 
 
 def summarize(report: dict) -> dict:
-  results, flips, sz = report["data"]["arms"], _flips(report), _sizes(report["config"])
-  g0 = sz.small_g
+  results, flips, sz = report["data"]["arms"], _flips(report), Sizes.of(report["config"])
   s = _judge_table(results, sz)
-  s["seeds_from_power"] = seeds_from_power(sz)
-  s["binary"] = None
-  if sz.binary_secondary:
-    s["binary"] = _judge_table(results, sz, BINARY)
-    s["verdicts"].update(s["binary"]["verdicts"])
-    s["arm_seconds"].update(s["binary"]["arm_seconds"])
-  s["bases"] = None
-  if sz.bases:
-    s["bases"] = _gated_cells(results, base_arm_names(sz), base_claims(sz), sz.window,
-                              s["start_pass@1"])
-    del s["bases"]["prim"]
-    s["verdicts"].update(s["bases"]["verdicts"])
-    s["arm_seconds"].update(s["bases"]["arm_seconds"])
+  s["seeds_from_power"] = sz.from_power()
+  s["binary"] = _judge_table(results, sz, BINARY) if sz.binary_secondary else None
+  s["bases"] = (_gated(results, base_arm_names(sz), base_claims(sz), sz.window,
+                       s["start_pass@1"])[1] if sz.bases else None)
+  for sub in ("binary", "bases"):
+    if s[sub]:
+      s["verdicts"].update(s[sub]["verdicts"])
+      s["arm_seconds"].update(s[sub]["arm_seconds"])
   s["rates"] = None
   if flips is not None:
-    graded = flips["graded"]
-    s["rates"] = harness.judge_proportions(rate_claim(sz), {
-        f"{bl} G={g0}": (graded[bl][g0]["opposite"], graded[bl][g0]["count"])
+    s["rates"] = C.judge_proportions(rate_claim(sz), {
+        f"{bl} G={sz.small_g}": (flips["graded"][bl][sz.small_g]["opposite"],
+                                 flips["graded"][bl][sz.small_g]["count"])
         for bl in ("median", "mean")})
     s["verdicts"][s["rates"]["claim"]["id"]] = s["rates"]["verdict"]
   return s
 
 
-def _setting(sz: Sizes) -> str:
-  from experiments import calibrate
-
-  if sz.setting:
-    return sz.setting
-  return (f"{calibrate.describe(base_config(sz))}, no KL"
-          + ("; the same arms on the 0/1 reward as a secondary table" if sz.binary_secondary
-             else ""))
-
-
 def render(report: dict) -> str:
-  s, flips, sz = report["summary"], _flips(report), _sizes(report["config"])
-  g0, g1 = sz.small_g, sz.large_g
-  fam = primary_family(sz)
-  mdes = [c["mde"] for c in s["claims"] if c["claim"]["family"] == fam]
+  s, flips, sz = report["summary"], _flips(report), Sizes.of(report["config"])
+  g0, g1, fam = sz.small_g, sz.large_g, primary_family(sz)
+  tables = [("0/1" if sz.primary_reward == "binary" else "graded", "", s)] + (
+      [("0/1", BINARY, s["binary"])] if s.get("binary") else [])
+  rows = [(reward, f"G={g}, {LABELS[bl]}", t, name) for reward, prefix, t in tables
+          for name, (g, bl) in arm_names(sz, prefix).items()]
+  rows += [("graded", f"G={g0}, {LABELS[bl]}, {BASE_LABELS[b]} base", s["bases"], name)
+           for name, (b, bl) in (base_arm_names(sz).items() if s.get("bases") else ())]
   lines = [
-      "# MC-GRPO at full size" if report.get("full") else "# MC-GRPO at CPU scale", "",
-      f"`{report['command']}`: {harness.seeds_note(sz, s['seeds_from_power'])}, {sz.steps} RL steps, {_setting(sz)}. Primary metric: test "
-      f"pass@1 ({sz.eval_problems} "
-      f"problems x {sz.eval_samples} samples), the mean of each seed's last {sz.window} "
-      f"evaluations. SFT start: {s['start_pass@1']:.3f}. Minimum detectable effect of the "
-      f"variant claims: {min(mdes):.3f}-{max(mdes):.3f}. {harness.wall_time(report)} "
-      "Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals exclude "
-      "problem-sampling error (every arm is evaluated on the same fixed test problems with the "
-      "same evaluation key).", "",
-      "## Primary metric", ""]
+      rl_table.title(report, "MC-GRPO"), "",
+      rl_table.header(report, sz, s, f"{sz.steps} RL steps, " + rl_table.setting(
+          sz, base_config(sz), ", no KL" + ("; the same arms on the 0/1 reward as a secondary "
+                                            "table" if sz.binary_secondary else "")),
+          "metric: test pass@1", "variant claims", rl_table.family(s, fam),
+          f"{s['start_pass@1']:.3f}", start_first=True), "", "## Primary metric", ""]
   if s.get("binary"):
-    lines += ["The secondary table trains the same arms with the same recipes on the 0/1 "
-              "reward (1 for an exact answer, else 0), where a baseline can zero an advantage "
-              "but never flip its sign; its SFT start is the same policy "
+    lines += ["The secondary table trains the same arms with the same recipes on the 0/1 reward "
+              "(1 for an exact answer, else 0), where a baseline can zero an advantage but never "
+              "flip its sign; its SFT start is the same policy "
               f"({s['binary']['start_pass@1']:.3f}).", ""]
-  lines += ["| reward | arm | pass@1 (last-3 mean) | gain over SFT | final evaluation | "
-            "minutes |", "| --- | --- | --- | --- | --- | --- |"]
-  label = "0/1" if sz.primary_reward == "binary" else "graded"
-  tables = [(label, "", s)] + ([("0/1", BINARY, s["binary"])] if s.get("binary") else [])
-  for reward, prefix, t in tables:
-    for name, (g, bl) in arm_names(sz, prefix).items():
-      lines.append(f"| {reward} | G={g}, {LABELS[bl]} | {harness.fmt(t['cells'][name])} | "
-                   f"{harness.fmt(t['gains'][name])} | {harness.fmt(t['final_eval'][name])} | "
-                   f"{harness.minutes(t['arm_seconds'][name])} |")
-  if s.get("bases"):
-    for name, (b, bl) in base_arm_names(sz).items():
-      t = s["bases"]
-      lines.append(f"| graded | G={g0}, {LABELS[bl]}, {BASE_LABELS[b]} base | "
-                   f"{harness.fmt(t['cells'][name])} | {harness.fmt(t['gains'][name])} | "
-                   f"{harness.fmt(t['final_eval'][name])} | "
-                   f"{harness.minutes(s['arm_seconds'][name])} |")
-  lines += ["", "## Differences at G=2 and the gap", "", "| reward | comparison | difference |",
-            "| --- | --- | --- |"]
-  for reward, prefix, t in tables:
-    lines.append(f"| {reward} | G={g1} minus G={g0}, GRPO (the gap) | {harness.fmt(t['gap'])} |")
-    for bl, c in t["vs"].items():
-      lines.append(f"| {reward} | G={g0}: median minus {LABELS[bl]} | {harness.fmt(c)} |")
-  lines.append("")
-  for reward, prefix, t in tables:
+  lines += [*rl_table.md_table(
+      ["reward", "arm", "pass@1 (last-3 mean)", "gain over SFT", "final evaluation", "minutes"],
+      [[reward, label, *(R.fmt(t[k][name]) for k in ("cells", "gains", "final_eval")),
+        R.minutes(t["arm_seconds"][name])] for reward, label, t, name in rows]),
+      "", "## Differences at G=2 and the gap", "",
+      *rl_table.md_table(["reward", "comparison", "difference"], [
+          row for reward, _, t in tables for row in
+          [[reward, f"G={g1} minus G={g0}, GRPO (the gap)", R.fmt(t["gap"])]]
+          + [[reward, f"G={g0}: median minus {LABELS[bl]}", R.fmt(c)]
+             for bl, c in t["vs"].items()]]), ""]
+  for reward, _, t in tables:
     gc = t["gap_closed"]
     lines += [f"Fraction of the G={g0} to G={g1} gap the median closes, {reward} reward, "
               f"(median - mean) / (G{g1} - mean) at G={g0}: {gc['fraction']:+.2f} "
@@ -615,124 +370,87 @@ def render(report: dict) -> str:
         "completions per prompt. Over rollouts that reach the loss and whose reward differs "
         "from the reference: opposite sign(A) = -sign(r - b), zeroed A = 0, correct sign the "
         "rest.", "",
-        "| reward | baseline | " + " | ".join(
-            f"G={g} opposite / zeroed / correct" for g in (g0, g1)) + " |",
-        "| --- | --- | --- | --- |"]
-    for kind in ("binary", "graded"):
-      for bl in BASELINES:
-        cells = [f"{flips[kind][bl][g]['opposite']:.3f} / {flips[kind][bl][g]['zeroed']:.3f} / "
-                 f"{flips[kind][bl][g]['correct']:.3f}" for g in (g0, g1)]
-        lines.append(f"| {kind} | {LABELS[bl]} | " + " | ".join(cells) + " |")
-  gate = [c for c in s["claims"] if c["claim"]["family"] == "testbed"]
-  paper = [c for c in s["claims"] if c["claim"]["family"] == fam]
-  lines += ["", "## Paper claims", "",
-            "The testbed gate (one Holm family: GRPO's gains over the SFT start, one-sample t "
-            "against it) must pass before the variant claims are read:", "",
-            *harness.verdict_rows(gate), "",
-            ("Gate passed: GRPO learns at both G." if s["base_learned"] else
-             "**Gate failed**: GRPO did not demonstrably learn at both G, so the variant "
-             "claims below compare arms of a testbed where the base method does not learn."),
-            "", f"Variant claims (one Holm family), {sz.seeds} seeds per arm:", "",
-            *harness.verdict_rows(paper), "",
-            harness.protocol_note(paper), ""]
-  every = list(s["claims"])
-  sections = []
-  if s.get("binary"):
-    sections.append((s["binary"], "mc_grpo_01",
-                     "### Secondary table: the same claims on the 0/1 reward",
-                     "Pre-declared as secondary: its own gate and Holm families, judged the "
-                     "same way.", "GRPO learns at both G on the 0/1 reward",
-                     "on the 0/1 reward"))
-  if s.get("bases"):
-    sections.append((s["bases"], "mc_grpo_bases",
-                     "### Over other bases: the median at G=2 over DAPO and Dr.GRPO (graded "
-                     "reward)", "The paper's \"orthogonal to the base\" claim: each base's own "
-                     "G=2 mean arm must gain over the SFT start (its own gate family), then "
-                     "median vs mean over that base (one Holm family).",
-                     "every base learns at G=2", "for a base"))
-  for t, family, title, intro, passed, failed in sections:
-    sub_gate = [c for c in t["claims"] if c["claim"]["family"] == "testbed"]
-    sub = [c for c in t["claims"] if c["claim"]["family"] == family]
-    every += t["claims"]
-    lines += [title, "", intro, "", *harness.verdict_rows(sub_gate), "",
-              (f"Gate passed: {passed}." if t["base_learned"] else
-               f"**Gate failed** {failed}: the claims below are not judged."), "",
-              *harness.verdict_rows(sub), "", harness.protocol_note(sub), ""]
-  lines += [harness.rules_note(every), ""]
+        *rl_table.md_table(
+            ["reward", "baseline", *(f"G={g} opposite / zeroed / correct" for g in (g0, g1))],
+            [[kind, LABELS[bl], *(" / ".join(f"{flips[kind][bl][g][k]:.3f}" for k in (
+                "opposite", "zeroed", "correct")) for g in (g0, g1))]
+             for kind in ("binary", "graded") for bl in BASELINES])]
+  lines += ["", *rl_table.claims_section(
+      s, fam, "## Paper claims",
+      rl_table.gate_intro("one Holm family: GRPO's gains over the SFT start", "variant",
+                          "testbed gate"),
+      rl_table.gate_outcome("GRPO", "variant ", " at both G"),
+      f"Variant claims (one Holm family), {sz.seeds} seeds per arm:")]
+  sections = [("binary", "mc_grpo_01", "### Secondary table: the same claims on the 0/1 reward",
+               "Pre-declared as secondary: its own gate and Holm families, judged the same way.",
+               "GRPO learns at both G on the 0/1 reward", "on the 0/1 reward"),
+              ("bases", "mc_grpo_bases", "### Over other bases: the median at G=2 over DAPO and "
+               "Dr.GRPO (graded reward)", "The paper's \"orthogonal to the base\" claim: each "
+               "base's own G=2 mean arm must gain over the SFT start (its own gate family), then "
+               "median vs mean over that base (one Holm family).", "every base learns at G=2",
+               "for a base")]
+  for key, family, title, intro, passed, failed in sections:
+    if s.get(key):
+      lines += rl_table.claims_section(s[key], family, title, intro, (
+          f"Gate passed: {passed}.", f"**Gate failed** {failed}: the claims below are not judged."))
+  every = s["claims"] + [c for key in ("binary", "bases") for c in (s.get(key) or {}).get(
+      "claims", [])]
+  lines += [R.rules_note(every), ""]
   r = s["rates"]
   if r is None:
-    lines += ["The mechanism claim (opposite-sign rates) is measured on the CPU SFT policy "
-              "only; full-size runs do not carry it.", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + [
+        "The mechanism claim (opposite-sign rates) is measured on the CPU SFT policy only; "
+        "full-size runs do not carry it.", ""])
   a, b = r["claim"]["arms"]
-  lines += ["| claim (paper) | ours: a - b [interval] | z | p | rollouts | verdict |",
-            "| --- | --- | --- | --- | --- | --- |",
-            f"| {r['claim']['text']} | {a}: {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] "
+  return "\n".join(lines + [
+      *rl_table.md_table(
+          ["claim (paper)", "ours: a - b [interval]", "z", "p", "rollouts", "verdict"],
+          [[r["claim"]["text"], f"{a}: {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] "
             f"({flips['graded']['median'][g0]['opposite']:.3f} vs "
-            f"{flips['graded']['mean'][g0]['opposite']:.3f}) | {r['z']:.2f} | {r['p']:.3g} | "
-            f"{r['n'][0]} vs {r['n'][1]} | {r['verdict']} |", "",
-            f"The mechanism claim compares opposite-sign rates pooled over rollouts ({a} minus "
-            f"{b}, from the \"Advantage sign flips\" table, fresh groups): a one-sided "
-            "two-proportion z-test (``harness.judge_proportions``), reproduced when p <= 0.05 "
-            "and the 95% interval lies below 0, not Holm-adjusted. It treats rollouts as "
-            "independent, which groups of the same prompts are not: a lenient test.", ""]
-  return "\n".join(lines)
+            f"{flips['graded']['mean'][g0]['opposite']:.3f})", f"{r['z']:.2f}", f"{r['p']:.3g}",
+            f"{r['n'][0]} vs {r['n'][1]}", r["verdict"]]]), "",
+      f"The mechanism claim compares opposite-sign rates pooled over rollouts ({a} minus {b}, "
+      "from the \"Advantage sign flips\" table, fresh groups): a one-sided two-proportion z-test "
+      "(``harness.judge_proportions``), reproduced when p <= 0.05 and the 95% interval lies "
+      "below 0, not Holm-adjusted. It treats rollouts as independent, which groups of the same "
+      "prompts are not: a lenient test.", ""])
 
 
 def plot(report: dict, out_dir: str) -> list[str]:
-  results, flips, sz = report["data"]["arms"], _flips(report), _sizes(report["config"])
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  results, flips, sz = report["data"]["arms"], _flips(report), Sizes.of(report["config"])
+  plt = rl_table.pyplot()
   fig, ax = plt.subplots(figsize=(6, 3.6))
-  tables = [("", "-", "graded")] + ([(BINARY, ":", "0/1")] if sz.binary_secondary else [])
-  for prefix, style, reward in tables:
+  for prefix, style, reward in [("", "-", "graded")] + (
+      [(BINARY, ":", "0/1")] if sz.binary_secondary else []):
     for i, (name, (g, bl)) in enumerate(arm_names(sz, prefix).items()):
-      arm = results[name]
-      steps = [e["step"] for e in arm["evals"]]
-      vals = np.array([[x[METRIC] for x in e["per_seed"]] for e in arm["evals"]])
-      ax.plot(steps, vals.mean(1), marker="o", linestyle=style, color=f"C{i}",
-              label=f"{reward}: G={g}, {LABELS[bl]}")
-  ax.set_xlabel("RL step")
-  ax.set_ylabel("test pass@1 (mean over seeds)")
+      rl_table.curve(ax, results[name], METRIC, marker="o", linestyle=style, color=f"C{i}",
+                     label=f"{reward}: G={g}, {LABELS[bl]}")
+  ax.set(xlabel="RL step", ylabel="test pass@1 (mean over seeds)")
   ax.legend(fontsize=6)
   ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(os.path.join(out_dir, "learning_curves.png"), dpi=120)
-  plt.close(fig)
-
+  paths = [rl_table.save(fig, out_dir, "learning_curves.png")]
   if flips is None:
-    return [os.path.join(out_dir, "learning_curves.png")]
+    return paths
   gs = [sz.small_g, sz.large_g]
   fig, axes = plt.subplots(1, 2, figsize=(8, 3.2), sharey=True)
   for ax, kind in zip(axes, ("binary", "graded")):
     for bl in BASELINES:
       ax.plot(gs, [flips[kind][bl][g]["opposite"] for g in gs], "o-", label=f"{bl}: opposite")
       ax.plot(gs, [flips[kind][bl][g]["zeroed"] for g in gs], "s--", label=f"{bl}: zeroed")
-    ax.set_title(f"{kind} reward")
-    ax.set_xlabel("G")
+    ax.set(title=f"{kind} reward", xlabel="G")
     ax.grid(alpha=0.3)
   axes[0].set_ylabel("fraction of counted rollouts")
   axes[0].legend(fontsize=6)
-  fig.tight_layout()
-  fig.savefig(os.path.join(out_dir, "sign_flips.png"), dpi=120)
-  plt.close(fig)
-  return [os.path.join(out_dir, f) for f in ("learning_curves.png", "sign_flips.png")]
+  return paths + [rl_table.save(fig, out_dir, "sign_flips.png")]
 
 
-def replicate(config: dict, seeds: int, seed_offset: int) -> dict:
-  """The primary (graded-reward) table's arms at fresh seeds; the exploratory 0/1 and other-base
-  tables are left out."""
-  return dict(config, seeds=seeds, seed_offset=seed_offset, binary_secondary=False, bases=[])
-
-
-EXPERIMENT = harness.Experiment(name="mc_grpo", get_config=get_config, units=units,
-                                summarize=summarize, render=render, plot=plot, collect=collect,
-                                module="experiments.mc_grpo", full=from_full_runs,
-                                replicate=replicate)
-
-
-if __name__ == "__main__":
-  sys.exit("run through: python scripts/reproduce.py mc_grpo")
+EXPERIMENT = rl_table.experiment(
+    "mc_grpo", sizes, Sizes, arms, base_config, extra_units=sign_flip_unit,
+    summarize=summarize, render=render, plot=plot, full=from_full_runs,
+    collect=lambda config, results: {
+        "arms": {k: v for k, v in results.items() if k != "sign_flips"},
+        "sign_flips": results["sign_flips"]},
+    # a replication: the primary (graded-reward) table's arms at fresh seeds; the exploratory
+    # 0/1 and other-base tables are left out
+    replicate=lambda c, n, o: dict(c, seeds=n, seed_offset=o, binary_secondary=False, bases=[]))
+get_config, units = EXPERIMENT.get_config, EXPERIMENT.units

@@ -80,7 +80,7 @@ from __future__ import annotations
 import copy
 
 from experiments import full_size
-from experiments.mc_grpo import arm_config
+from experiments.mc_grpo.arms import arm_config
 
 GROUP_SIZES = (2, 4, 8)
 BASELINES = ("mean", "mean_drop", "mean_random", "median")

@@ -35,23 +35,8 @@ no SD, so the count is not from power; the table gives the minimum detectable ef
 Outputs in ``--out`` (default ``results/roundtrip_inverse``): ``table.md``, ``results.json``
 (every per-seed number), ``inverse_convergence.png``; finished seeds are cached under ``cache/``.
 
-Results on this CPU (generated from results/roundtrip_inverse/table.md; do not edit by hand):
-
-`python scripts/reproduce.py roundtrip_inverse`: 8 seeds (the project's floor; not from power) (model initialisation and training noise); kdv1d, the round-trip table's bidirectional model (1000 steps at batch 64, 4 Euler sampler steps per physical step); 16 test trajectories, recover x_0 from the true x_d at depths 1, 4; Adam from x := x_d at learning rates 0.01, 0.03, 0.1, the best per seed and depth; 60.1 min on AMD EPYC, 2 CPU cores, jax 0.10.2 on cpu. Minimum detectable effect: 0.18. Cells: mean [95% t interval over seeds].
-
-## Paper claims
-
-Pre-declared metric: per seed, the worst depth's log(optimised error after 30 Adam steps at the best learning rate / backward error); one-sample t interval and one-sided t test against 0. Intervals exclude problem-sampling error: every seed solves the same inverse problems.
-
-| claim (paper) | ours: a - b [interval] | SESOI | p (Holm) | permutation p | seeds | min. detectable | declared | verdict |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| the backward direction doubles as a fast inverse solver: direct optimisation through the forward rollout, given 30 Adam steps (about 90 rollouts of network work) at its best learning rate, ends further from x_0 than one backward rollout (worst depth, log error ratio above 0) | kdv1d - 0: +2.600 [+2.458, +2.741] | 0 | 4.4e-10 (4.4e-10) | 0.00391 | 8 | 0.180 | 5c0dd2e | reproduced |
-
-Statistics: paired t interval and one-sided paired t test at 95%, Holm-adjusted within each family; 8 seeds per arm; pooled seed SD up to 0.169; minimum detectable effect (80% power) 0.18-0.18.
-
-Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): a directional claim is *reproduced* when its Holm-adjusted one-sided p is <= 0.05 and it is not equivalent to the threshold within +-SESOI (TOST, 90% interval), *trivial* when it is significant but equivalent (too small to matter), *not reproduced* when it is equivalent but not significant or its interval lies wholly on the other side, *inconclusive* otherwise (SESOI 0: the threshold is itself the effect of interest, no *trivial* outcome). An equivalence claim whose difference is significantly non-zero (95% interval), whatever its verdict, and a holding no-gain claim whose difference is, say so beside the verdict, and so does a verdict whose deciding bound lies within half a minimum detectable effect of its threshold (near its threshold: it can flip on another start or seed set). The permutation p (not adjusted) is reported beside the deciding test. Min. detectable: the difference a two-sided test at 80% power would find at these seeds and this seed SD. Declared: the commit that declared the claim; exploratory claims were declared after the run that motivated them and are kept out of the headline. At 8 seeds the permutation p's smallest value is 1/256.
-
-(end of generated results)
+The numbers this table last produced are in ``results/roundtrip_inverse/table.md``, and copied into
+the results section of ``experiments/roundtrip/README.md`` by ``experiments/docsync.py``.
 """
 
 from __future__ import annotations

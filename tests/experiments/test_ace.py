@@ -5,25 +5,25 @@ import os
 
 import pytest
 
-from experiments import harness, ace, harness
+from experiments import ace, harness
 from scripts import reproduce
 
 
 def test_arms_and_configs():
   sz = ace.Sizes()
   spec = ace.arms(sz)
-  assert list(spec) == ["grpo", ace.MAIN] and spec["grpo"] is None
-  assert ace.arm_config({}, spec["grpo"], kl_coef=0.0) == {"recipe": "grpo",
-                                                            "recipe_args": {"kl_coef": 0.0}}
-  cfg = ace.arm_config({}, spec[ace.MAIN], kl_coef=0.0)
+  assert list(spec) == ["grpo", ace.MAIN]
+  assert spec["grpo"] == {"recipe": "grpo", "recipe_args": {"kl_coef": 0.0}}
+  cfg = ace.units(ace.get_config(False))[ace.MAIN].spec["arm"]
   assert cfg["recipe"] == "ace" and cfg["recipe_args"] == {"alpha": 0.5, "kl_coef": 0.0}
+  assert cfg == dict(ace.base_config(sz), **spec[ace.MAIN])
   assert list(ace.arms(ace.Sizes(exploratory_alphas=(2.0,))))[-1] == "ace-softplus-mul-2.0"
   # the pre-declared design: the calibrated testbed, no KL, the reference pass in both arms
   base = ace.base_config(sz)
   assert base["log_confidence"] and base["num_prompts"] == 64 and base["steps"] == 100
   assert base["task_spec"] == dict(min_digits=2, max_digits=3, terms=2)
   assert not base.get("graded_reward") and base["eval_samples"] == 64
-  assert ace.seeds_from_power(sz) == 8 == sz.seeds
+  assert sz.from_power() == 8 == sz.seeds
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ def test_arms_sample_matched_rollouts_and_never_truncate():
   assert cfgs["grpo-b"]["steps"] == sz.steps // sz.breadth
   base = dars.base_config(sz)
   assert base["task_spec"] == dict(min_digits=2, max_digits=3, terms=2)
-  assert "recipe_args" not in base and dars.seeds_from_power(sz) == 8 == sz.seeds
+  assert "recipe_args" not in base and sz.from_power() == 8 == sz.seeds
 
 
 def test_interaction_is_the_difference_of_differences():

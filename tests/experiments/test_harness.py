@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+from experiments import claims as claims_lib
 from experiments import harness
 from rlpost.eval import stats
 
@@ -600,7 +601,7 @@ def test_exploratory_claims_are_holm_adjusted_apart(monkeypatch):
   """Claims declared after the run that motivated them never share a Holm correction with the
   pre-declared claims of their family, and a table judged without knowing which is refused."""
   decl = {"x": {"declared": "aaa"}, "y": {"declared": "bbb", "exploratory": True}}
-  monkeypatch.setattr(harness, "declarations", lambda table: decl if table == "toy" else {})
+  monkeypatch.setattr(claims_lib, "declarations", lambda table: decl if table == "toy" else {})
   claims = [claim(id="x", family="f"), claim(id="y", family="f")]
   p = stats.t_test(HI, LO, alternative="greater")
   mixed = judge(claims, HI, LO)

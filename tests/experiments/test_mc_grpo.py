@@ -7,7 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import harness, mc_grpo, rl_seeds
+from experiments import harness, mc_grpo, rl_seeds, rl_table
+from experiments.mc_grpo.arms import arm_config
 from rlpost.train import rl
 from scripts import reproduce
 from rl_testutil import assert_moved, learning_config, max_update_gap
@@ -23,7 +24,7 @@ def test_vmapped_seeds_match_single_runs(tmp_path):
   fixture = learning_config(dirs)
   base = dict(mc_grpo.base_config(sz), **{k: fixture[k] for k in (
       "data_dir", "cache_dir", "sft_steps", "sft_lr", "num_prompts", "task_spec", "model")})
-  cfg = mc_grpo.arm_config(base, 2, "median")
+  cfg = arm_config(base, 2, "median")
   tr = rl.make_train(cfg, log=lambda s: None)
   rows = tr.cfg.num_prompts * tr.cfg.group_size
   states = rl_seeds.stack_states(tr, [0, 1])
@@ -52,28 +53,28 @@ def test_vmapped_seeds_match_single_runs(tmp_path):
 
 def test_arm_configs():
   base = {"steps": 1}
-  assert mc_grpo.arm_config(base, 4, "mean") == dict(base, recipe="grpo", group_size=4,
+  assert arm_config(base, 4, "mean") == dict(base, recipe="grpo", group_size=4,
                                                        recipe_args={})
-  drop = mc_grpo.arm_config(base, 4, "mean_drop")
+  drop = arm_config(base, 4, "mean_drop")
   assert drop["group_size"] == 5 and drop["recipe_args"] == {"baseline": "mean"}
-  rand = mc_grpo.arm_config(base, 2, "mean_random", kl_coef=0.0)
+  rand = arm_config(base, 2, "mean_random", kl_coef=0.0)
   assert rand["group_size"] == 3 and rand["recipe_args"] == {"kl_coef": 0.0,
                                                              "baseline": "mean_random"}
-  med = mc_grpo.arm_config(base, 4, "median", kl_coef=0.0, rescale=True)
+  med = arm_config(base, 4, "median", kl_coef=0.0, rescale=True)
   assert med["recipe"] == "mc_grpo" and med["recipe_args"] == {"kl_coef": 0.0, "rescale": True}
-  assert mc_grpo.arm_config(base, 4, "median")["recipe_args"] == {}
+  assert arm_config(base, 4, "median")["recipe_args"] == {}
   with pytest.raises(ValueError, match="unknown baseline"):
-    mc_grpo.arm_config(base, 4, "mode")
+    arm_config(base, 4, "mode")
   with pytest.raises(ValueError, match="only run over the GRPO base"):
-    mc_grpo.arm_config(base, 2, "mean_drop", recipe="dapo")
-  med = mc_grpo.arm_config(base, 2, "median", kl_coef=0.0, rescale=True, recipe="dapo")
+    arm_config(base, 2, "mean_drop", recipe="dapo")
+  med = arm_config(base, 2, "median", kl_coef=0.0, rescale=True, recipe="dapo")
   assert med["recipe_args"] == {"kl_coef": 0.0, "base": "dapo", "rescale": True}
   sz = mc_grpo.Sizes()
   # the pre-declared design: the calibrated testbed with the graded reward, seeds from power
   cfg = mc_grpo.base_config(sz)
   assert cfg["graded_reward"] and cfg["num_prompts"] == 64 and cfg["lr"] == 1e-4
   assert cfg["task_spec"] == dict(min_digits=2, max_digits=3, terms=2) and cfg["steps"] == 100
-  assert mc_grpo.seeds_from_power(sz) == 8 == sz.seeds
+  assert sz.from_power() == 8 == sz.seeds
   # the secondary table: the same testbed on the 0/1 reward
   assert sz.binary_secondary and not mc_grpo.base_config(sz, graded=False)["graded_reward"]
   assert {k: v for k, v in mc_grpo.base_config(sz, graded=False).items()
@@ -85,7 +86,7 @@ def test_arm_configs():
 def test_gap_fraction_bca():
   rng = np.random.default_rng(0)
   low, mid, high = (rng.normal(m, 0.01, 8) for m in (0.30, 0.33, 0.34))
-  g = mc_grpo.gap_fraction(low, mid, high)
+  g = rl_table.gap_fraction(low, mid, high)
   want = (mid.mean() - low.mean()) / (high.mean() - low.mean())
   assert g["fraction"] == pytest.approx(want)
   assert g["lo"] < g["fraction"] < g["hi"] and g["method"].startswith("BCa")

@@ -1,0 +1,339 @@
+"""The shared layer of the RL tables (``mc_grpo``, ``ace``, ``dars``): what a table on the GRPO
+testbed needs besides its own design and claims.
+
+* the design's common fields (``Design``: seeds, steps, evaluation, the power plan's inputs) and
+  the testbed's RLConfig dict they set (``testbed_config``);
+* arms as data: {arm name: RLConfig overrides over the table's base config} (``arm_configs``),
+  trained as vmapped seed blocks (``arm_units``, ``experiments/rl_seeds.py``);
+* the evaluation windows (``window_values``: the per-seed mean of the last ``window``
+  evaluations, step 0 excluded), the start the gate is judged against (``start_of``), the
+  standard cells and differences (``cells``) and the gated verdicts (``judged``);
+* the statistics a table reports beside its claims: ``gap_fraction`` (a BCa ratio of three arms)
+  and ``contrast`` (a signed sum of independent arms' means);
+* the renderer of the standard sections: the header (``header``), markdown tables
+  (``md_table``), the paper-claims section with its gate (``claims_section``), and the plots
+  (``curve``, ``passk_axes``, ``save``);
+* the full-size runs of a table's arms (``full_runs``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Mapping, Sequence
+
+import numpy as np
+import scipy.stats
+
+from experiments import claims as claims_lib
+from experiments import harness, report, rl_seeds, runs
+from rlpost.eval import stats
+
+# The calibrated testbed every RL table runs on (``experiments/calibrate.py``).
+TESTBED = "b23-lr1e-4-kl0-p64"
+CELLS_NOTE = ("Cells: mean [95% t interval over seeds]; differences: Welch intervals. Intervals "
+              "exclude problem-sampling error (every arm is evaluated on the same fixed test "
+              "problems with the same evaluation key).")
+
+
+@dataclasses.dataclass(frozen=True)
+class Design:
+  """The pre-declared fields every RL table's design has (a table subclasses it with its own)."""
+
+  seeds: int = 8
+  seed_offset: int = 0  # the first seed (a replication runs seeds the table did not use)
+  steps: int = 100
+  eval_every: int = 20
+  window: int = 3
+  eval_problems: int = 200
+  eval_samples: int = 64
+  pilot_sd: float = 0.0075
+  min_effect: float = 0.015
+  min_seeds: int = 8
+  base: dict = dataclasses.field(default_factory=dict)
+  setting: str = ""  # the testbed in words when it is not the CPU one (full-size runs)
+  sd_source: str = ""  # where pilot_sd comes from when not the CPU pilot (full-size runs)
+
+  @classmethod
+  def of(cls, config: Mapping):
+    """The design of a results.json ``config`` (JSON lists back to tuples)."""
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
+
+  def seed_list(self) -> list[int]:
+    return list(range(self.seed_offset, self.seed_offset + self.seeds))
+
+  def ks(self, grid: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> list[int]:
+    """The k of pass@k reported: those of ``grid`` within the evaluation's samples."""
+    return [k for k in grid if k <= self.eval_samples]
+
+  def from_power(self) -> int:
+    """Seeds per arm the power plan asks for (``harness.power_plan``)."""
+    return harness.power_plan(dataclasses.asdict(self))
+
+
+def testbed_config(d: Design, *, drop: Sequence[str] = (), **extra) -> dict:
+  """The testbed's RLConfig dict at the design's steps and evaluation, with ``extra`` keys,
+  without the keys ``drop``, and the design's ``base`` overrides last."""
+  from experiments import calibrate
+
+  cfg = calibrate.testbed_config(TESTBED)
+  cfg.update(steps=d.steps, eval_every=d.eval_every, eval_problems=d.eval_problems,
+             eval_samples=d.eval_samples, checkpoint_every=10 ** 9)
+  cfg.update(extra)
+  for k in drop:
+    cfg.pop(k, None)
+  cfg.update(d.base)
+  return cfg
+
+
+def experiment(name: str, sizes, design, arms, base_config, *, extra_units=None,
+               **kw) -> harness.Experiment:
+  """The ``harness.Experiment`` of RL table ``name`` (module ``experiments.<name>``): its config
+  is the fields of ``sizes(quick)`` (a ``design``), its units each arm of ``arms(design)`` over
+  ``base_config(design)`` as a vmapped seed block, then ``extra_units(design, arm configs,
+  config)``; ``kw``: the other ``Experiment`` fields."""
+  def units(config: dict) -> dict:
+    d = design.of(config)
+    cfgs = arm_configs(base_config(d), arms(d))
+    return dict(arm_units(d, cfgs), **(extra_units(d, cfgs, config) if extra_units else {}))
+
+  return harness.Experiment(name=name, get_config=lambda quick: dataclasses.asdict(sizes(quick)),
+                            units=units, module=f"experiments.{name}", **kw)
+
+
+def setting(d: Design, cfg: Mapping, tail: str = "") -> str:
+  """The testbed of RLConfig dict ``cfg`` in words and ``tail``, or the design's own
+  ``setting`` (full-size runs)."""
+  from experiments import calibrate
+
+  return d.setting or calibrate.describe(cfg) + tail
+
+
+def arm_configs(base: Mapping, arms: Mapping[str, Mapping]) -> dict:
+  """{arm name: RLConfig dict}: each arm's overrides over ``base``."""
+  return {name: dict(base, **overrides) for name, overrides in arms.items()}
+
+
+def arm_units(d: Design, cfgs: Mapping[str, dict]) -> dict:
+  """{arm name: harness.Unit}: each arm's seeds as one vmapped block."""
+  return rl_seeds.arm_units(dict(cfgs), d.seed_list())
+
+
+# ------------------------------------------------------------------------------------ values
+def window_mean(arm: Mapping, key: str, window: int) -> np.ndarray:
+  """[S] the mean of each seed's last ``window`` evaluations (step 0 excluded)."""
+  evals = arm["evals"][1:][-window:]
+  return np.array([[e["per_seed"][i][key] for e in evals]
+                   for i in range(len(arm["seeds"]))]).mean(axis=1)
+
+
+def window_values(results: Mapping, keys: Sequence[str], window: int) -> dict:
+  """{key: {arm: [S] window means}}."""
+  return {k: {n: window_mean(arm, k, window) for n, arm in results.items()} for k in keys}
+
+
+def train_mean(arm: Mapping, key: str) -> np.ndarray:
+  """[S] the mean of a training metric over the second half of training, per seed."""
+  v = np.asarray(arm["train"][key])  # [steps, S]
+  return v[len(v) // 2:].mean(axis=0)
+
+
+def start_of(arm: Mapping, keys: Sequence[str]) -> dict:
+  """{key: the step-0 evaluation} (every seed shares it)."""
+  first = arm["evals"][0]["per_seed"]
+  return {k: float(np.mean([e[k] for e in first])) for k in keys}
+
+
+def cells(values: Mapping, keys: Sequence[str], base: str, names) -> tuple[dict, dict]:
+  """({arm: {key: cell}}, {arm: {key: arm minus ``base``}}) over ``names``."""
+  cell = {n: {k: report.cell(values[k][n]) for k in keys} for n in names}
+  diff = {n: {k: report.diff_cell(values[k][n], values[k][base]) for k in keys}
+          for n in names if n != base}
+  return cell, diff
+
+
+def judged(claims: Sequence[claims_lib.Claim], values: Mapping, start: float,
+           table: str) -> dict:
+  """{"base_learned", "claims", "verdicts"}: ``claims_lib.judge_gated``'s verdicts as JSON."""
+  verdicts, learned = claims_lib.judge_gated(claims, values, start=start, table=table)
+  return {"base_learned": learned, "claims": [v.to_json() for v in verdicts],
+          "verdicts": {v.claim.id: v.verdict for v in verdicts}}
+
+
+def family(s: Mapping, name: str) -> list[dict]:
+  """The judged claims of family ``name`` in a summary."""
+  return [c for c in s["claims"] if c["claim"]["family"] == name]
+
+
+def gap_fraction(low, mid, high, *, level: float = 0.95, n_resamples: int = 9999,
+                 seed: int = 0) -> dict:
+  """(mean(mid) - mean(low)) / (mean(high) - mean(low)) of three independent arms' per-seed
+  values, with a BCa bootstrap interval (each arm's seeds resampled on their own)."""
+  low, mid, high = (np.asarray(x, np.float64) for x in (low, mid, high))
+
+  def frac(a, b, c, axis=-1):
+    return (np.mean(b, axis=axis) - np.mean(a, axis=axis)) / (
+        np.mean(c, axis=axis) - np.mean(a, axis=axis))
+
+  est = float(frac(low, mid, high))
+  try:
+    res = scipy.stats.bootstrap((low, mid, high), frac, vectorized=True, paired=False,
+                                confidence_level=level, method="BCa", n_resamples=n_resamples,
+                                rng=np.random.default_rng(seed))
+    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+  except (ValueError, FloatingPointError):
+    lo = hi = float("nan")
+  return {"fraction": est, "lo": lo, "hi": hi, "method": f"BCa bootstrap, {n_resamples} "
+          "resamples, arms resampled independently"}
+
+
+def contrast(arms: Sequence, signs: Sequence[float], level: float = 0.95) -> dict:
+  """sum(sign x mean) of independent arms' per-seed values with a Welch-Satterthwaite t
+  interval: {"mean", "lo", "hi"}."""
+  xs = [np.asarray(a, np.float64) for a in arms]
+  est = float(sum(s * x.mean() for s, x in zip(signs, xs)))
+  v = [x.var(ddof=1) / len(x) for x in xs]
+  se = math.sqrt(sum(v))
+  df = sum(v) ** 2 / sum(vi ** 2 / (len(x) - 1) for vi, x in zip(v, xs)) if se > 0 else 1.0
+  lo, hi = stats.t_interval(est, se, df, level)
+  return {"mean": est, "lo": float(lo), "hi": float(hi)}
+
+
+# --------------------------------------------------------------------------------- rendering
+def title(report_: Mapping, name: str) -> str:
+  return f"# {name} at {'full size' if report_.get('full') else 'CPU scale'}"
+
+
+def header(report_: Mapping, d: Design, s: Mapping, setting: str, metric: str, mde_of: str,
+           paper: Sequence[Mapping], start: str, start_first: bool = False) -> str:
+  """The table's first paragraph: the command, seeds and setting, the primary metric, the
+  minimum detectable effect of ``paper``'s claims, wall time and provenance, what the cells are
+  and the SFT start (``start``, before the minimum detectable effect when ``start_first``)."""
+  mdes = [c["mde"] for c in paper]
+  lead = [f"`{report_['command']}`: {report.seeds_note(d, s['seeds_from_power'])}, {setting}.",
+          f"Primary {metric} ({d.eval_problems or 'all'} problems x {d.eval_samples} samples), "
+          f"the mean of each seed's last {d.window} evaluations."]
+  rest = [f"Minimum detectable effect of the {mde_of}: {min(mdes):.3f}-{max(mdes):.3f}.",
+          report.wall_time(report_), CELLS_NOTE]
+  start = f"SFT start: {start}."
+  return " ".join(lead + ([start] + rest if start_first else rest + [start]))
+
+
+def md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+  """A markdown table's lines."""
+  return ["| " + " | ".join(r) + " |" for r in [head, ["---"] * len(head), *rows]]
+
+
+def arm_tables(s: Mapping, keys: Sequence[str], head: Sequence[str], diffs: Mapping,
+               minus: str, minus_head: Sequence[str] | None = None, label=lambda n: n) -> list:
+  """The standard sections of a pass@k table: every arm's cells over ``keys`` (columns ``head``,
+  rows named ``label(arm)``) with its minutes, then ``diffs`` (arm minus the base) under the
+  heading ``minus``."""
+  return ["## Test pass@k (last-3 mean)", "",
+          *md_table(["arm", *head, "minutes"], [
+              [label(n), *(report.fmt(c[k]) for k in keys), report.minutes(s["arm_seconds"][n])]
+              for n, c in s["cells"].items()]),
+          "", f"## {minus}", "",
+          *md_table(["arm", *(minus_head or head)],
+                    [[n, *(report.fmt(g[k]) for k in keys)] for n, g in diffs.items()]), ""]
+
+
+def gate_intro(what: str, claims: str, gate: str = "gate") -> str:
+  return (f"The {gate} ({what}, one-sample t against it) must pass before the {claims} claims "
+          "are read:")
+
+
+def gate_outcome(who: str, claims: str, where: str = "") -> tuple[str, str]:
+  """(passed, failed): the sentences under a table's gate."""
+  return (f"Gate passed: {who} learns{where}.",
+          f"**Gate failed**: {who} did not demonstrably learn{where}, so the {claims}claims below "
+          "compare arms of a testbed where the base method does not learn.")
+
+
+def claims_section(s: Mapping, name: str, heading: str, intro: str,
+                   outcome: tuple[str, str], note: str | None = None) -> list[str]:
+  """A gated family's section: ``heading``, ``intro``, the gate's rows, whether it passed, then
+  ``note`` (if any), the rows of family ``name`` and its protocol note."""
+  paper = family(s, name)
+  return [heading, "", intro, "", *report.verdict_rows(family(s, claims_lib.GATE)), "",
+          outcome[0] if s["base_learned"] else outcome[1], "",
+          *([note, ""] if note else []), *report.verdict_rows(paper), "",
+          report.protocol_note(paper), ""]
+
+
+def pyplot():
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  return plt
+
+
+def save(fig, out_dir: str, name: str) -> str:
+  """Write ``fig`` as ``out_dir/name`` and close it; returns the path."""
+  import matplotlib.pyplot as plt
+
+  path = os.path.join(out_dir, name)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def smoothed(ax, arm: Mapping, key: str, **kw):
+  """A training metric's mean over seeds at every step, as a running mean over a twentieth of
+  the run."""
+  v = np.asarray(arm["train"][key]).mean(axis=1)
+  w = max(1, len(v) // 20)
+  ax.plot(np.arange(w, len(v) + 1), np.convolve(v, np.ones(w) / w, "valid"), **kw)
+
+
+def curve(ax, arm: Mapping, key: str, **kw):
+  """An arm's metric at each evaluation, the mean over its seeds."""
+  ax.plot([e["step"] for e in arm["evals"]],
+          [np.mean([x[key] for x in e["per_seed"]]) for e in arm["evals"]], **kw)
+
+
+def passk_axes(ax, ks: Sequence[int], cells_: Mapping, start: Mapping, suffix: str = "",
+               width=None):
+  """pass@k against k (log 2) with error bars over seeds for each arm, and the SFT start;
+  ``width(name)``: an arm's line width."""
+  for n, c in cells_.items():
+    kw = {} if width is None else {"lw": width(n)}
+    report.errorbars(ax, ks, [c[f"pass@{k}{suffix}"] for k in ks], label=n, capsize=2, **kw)
+  ax.plot(ks, [start[f"pass@{k}{suffix}"] for k in ks], "k:", label="SFT start")
+  ax.set_xscale("log", base=2)
+  ax.set_xlabel("k")
+  ax.grid(alpha=0.3)
+
+
+# --------------------------------------------------------------------------------- full size
+def full_runs(table: str, runs_dir: str, arms: Mapping[str, dict], select,
+              required: Sequence[str]) -> dict:
+  """``runs.collect_runs`` of the arms ``select`` of a full.py ``FULL``; RunsError naming the
+  ``required`` arms without runs."""
+  found = runs.collect_runs(runs_dir, arms, select=set(select))
+  missing = [n for n in required if n not in found]
+  if missing:
+    raise runs.RunsError(f"{table} --full: no runs under {runs_dir} for arm(s) "
+                         f"{', '.join(missing)}")
+  return found
+
+
+def full_design(cls, found: Mapping, cfg: Mapping, **kw):
+  """The design ``cls`` of full-size runs ``found`` (``full_runs``) whose arm of config ``cfg``
+  sets the steps and evaluation: the fewest seeds of any arm, the stated power plan
+  (``experiments/full_size.py``) and the fields ``kw``."""
+  from experiments.full_size import power_fields
+
+  return cls(**dict(dict(seeds=min(len(r["seeds"]) for r in found.values()), steps=cfg["steps"],
+                         eval_every=cfg["eval_every"], eval_problems=cfg["eval_problems"],
+                         eval_samples=cfg["eval_samples"], **power_fields()), **kw))
+
+
+def uneven(seeds: Mapping[str, int]) -> str:
+  """The setting's note when arms have different seed counts."""
+  return ("" if len(set(seeds.values())) == 1 else
+          f"; seeds per arm {seeds}, the header gives the fewest")
