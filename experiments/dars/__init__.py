@@ -170,10 +170,9 @@ def cumulative_advantage_curve(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0)
 
 
 def curve_unit(sz: Sizes, cfgs: dict, config: dict) -> dict:
-  grpo = cfgs[f"grpo-n{sz.n}"]
-  return {"curve": rl_table.harness.Unit(
-      {"curve": grpo, "n": sz.n, "prompts": sz.curve_prompts},
-      lambda progress: cumulative_advantage_curve(rl.make_train(grpo, log=lambda s: None), sz))}
+  return rl_table.sft_analysis("curve", cfgs[f"grpo-n{sz.n}"],
+                               {"n": sz.n, "prompts": sz.curve_prompts},
+                               lambda trainer: cumulative_advantage_curve(trainer, sz))
 
 
 def interaction(values: dict, level: float = 0.95) -> dict:
@@ -345,10 +344,8 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
 
 
 EXPERIMENT = rl_table.experiment(
-    "dars", sizes, Sizes, arms, base_config, extra_units=curve_unit, summarize=summarize,
+    "dars", sizes, Sizes, arms, base_config, analyses=curve_unit, summarize=summarize,
     render=render, plot=plot, full=from_full_runs,
-    collect=lambda config, results: {"arms": {k: v for k, v in results.items() if k != "curve"},
-                                     "curve": results["curve"]},
     # a replication: every arm of the committed design (each enters a claim) at fresh seeds
     replicate=lambda c, n, o: dict(c, seeds=n, seed_offset=o))
 get_config, units = EXPERIMENT.get_config, EXPERIMENT.units
