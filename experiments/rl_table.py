@@ -152,6 +152,12 @@ def window_values(results: Mapping, keys: Sequence[str], window: int) -> dict:
   return {k: {n: window_mean(arm, k, window) for n, arm in results.items()} for k in keys}
 
 
+def updates(cfg: Mapping) -> int:
+  """Optimizer updates of a run of RLConfig dict ``cfg``: steps x mini-batches x epochs."""
+  return (int(cfg["steps"]) * int(cfg.get("num_minibatches", 1))
+          * int(cfg.get("num_iterations", 1)))
+
+
 def train_mean(arm: Mapping, key: str) -> np.ndarray:
   """[S] the mean of a training metric over the second half of training, per seed."""
   v = np.asarray(arm["train"][key])  # [steps, S]
@@ -332,6 +338,16 @@ def gated_sections(subs: Sequence[Subtable], s: Mapping) -> list[str]:
   return [*(line for sub, t in ran for line in claims_section(
       t, sub.family, sub.heading, sub.intro, sub.outcome, sub.note)),
           report.rules_note([c for _, t in ran for c in t["claims"]]), ""]
+
+
+def cpu_only(what: str) -> str:
+  """The sentence in place of an analysis that full-size runs do not carry."""
+  return f"{what} is measured on the CPU SFT policy only; full-size runs do not carry it."
+
+
+def sub_outcome(passed: str, failed: str) -> tuple[str, str]:
+  """(passed, failed): the sentences under a secondary sub-table's gate."""
+  return f"Gate passed: {passed}.", f"**Gate failed** {failed}: the claims below are not judged."
 
 
 def pyplot():

@@ -187,9 +187,6 @@ def subtables(sz: Sizes) -> list[rl_table.Subtable]:
   def rows(prefix=""):
     return {n: f"G={g}, {LABELS[bl]}" for n, (g, bl) in arm_names(sz, prefix).items()}
 
-  def outcome(passed, failed):
-    return f"Gate passed: {passed}.", f"**Gate failed** {failed}: the claims below are not judged."
-
   subs = [rl_table.Subtable(
       "", "0/1" if sz.primary_reward == "binary" else "graded", rows(), primary_family(sz),
       "## Paper claims", rl_table.gate_intro(
@@ -201,7 +198,7 @@ def subtables(sz: Sizes) -> list[rl_table.Subtable]:
         "binary", "0/1", rows(BINARY), "mc_grpo_01",
         "### Secondary table: the same claims on the 0/1 reward",
         "Pre-declared as secondary: its own gate and Holm families, judged the same way.",
-        outcome("GRPO learns at both G on the 0/1 reward", "on the 0/1 reward")))
+        rl_table.sub_outcome("GRPO learns at both G on the 0/1 reward", "on the 0/1 reward")))
   if sz.bases:
     subs.append(rl_table.Subtable(
         "bases", "graded", {n: f"G={sz.small_g}, {LABELS[bl]}, {BASE_LABELS[b]} base"
@@ -209,7 +206,7 @@ def subtables(sz: Sizes) -> list[rl_table.Subtable]:
         "### Over other bases: the median at G=2 over DAPO and Dr.GRPO (graded reward)",
         "The paper's \"orthogonal to the base\" claim: each base's own G=2 mean arm must gain "
         "over the SFT start (its own gate family), then median vs mean over that base (one Holm "
-        "family).", outcome("every base learns at G=2", "for a base")))
+        "family).", rl_table.sub_outcome("every base learns at G=2", "for a base")))
   return subs
 
 
@@ -372,9 +369,7 @@ def render(report: dict) -> str:
              for kind in ("binary", "graded") for bl in BASELINES])]
   lines += ["", *rl_table.gated_sections(subs, s)]
   if s["rates"] is None:
-    return "\n".join(lines + [
-        "The mechanism claim (opposite-sign rates) is measured on the CPU SFT policy only; "
-        "full-size runs do not carry it.", ""])
+    return "\n".join(lines + [rl_table.cpu_only("The mechanism claim (opposite-sign rates)"), ""])
   rate = {bl: flips["graded"][bl][g0]["opposite"] for bl in ("median", "mean")}
   return "\n".join(lines + [
       *R.proportions_rows(s["rates"], (rate["median"], rate["mean"]), "rollouts"), "",

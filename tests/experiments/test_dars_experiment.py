@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from experiments import harness, dars
+from experiments import harness, dars, rl_table
 from rlpost.train import config as config_lib
 from rlpost.train import rl
 from scripts import reproduce
@@ -15,7 +15,7 @@ from scripts import reproduce
 
 def test_arms_sample_matched_rollouts_and_never_truncate():
   sz = dars.Sizes()
-  cfgs = dars.arm_configs(sz)
+  cfgs = rl_table.arm_configs(dars.base_config(sz), dars.arms(sz))
 
   def sampled(name):
     c = config_lib.from_dict(rl.RLConfig, cfgs[name])
