@@ -4,15 +4,18 @@ testbed needs besides its own design and claims.
 * the design's common fields (``Design``: seeds, steps, evaluation, the power plan's inputs) and
   the testbed's RLConfig dict they set (``testbed_config``);
 * arms as data: {arm name: RLConfig overrides over the table's base config} (``arm_configs``),
-  trained as vmapped seed blocks (``arm_units``, ``experiments/rl_seeds.py``);
+  trained as vmapped seed blocks (``arm_units``, ``experiments/rl_seeds.py``), and analyses on
+  the SFT start beside them (``sft_analysis``);
 * the evaluation windows (``window_values``: the per-seed mean of the last ``window``
   evaluations, step 0 excluded), the start the gate is judged against (``start_of``), the
-  standard cells and differences (``cells``) and the gated verdicts (``judged``);
+  standard cells and differences (``cells``), the gated verdicts (``judged``) and the gated
+  summary of a table judged on one metric (``gated``);
 * the statistics a table reports beside its claims: ``gap_fraction`` (a BCa ratio of three arms)
   and ``contrast`` (a signed sum of independent arms' means);
 * the renderer of the standard sections: the header (``header``), markdown tables
-  (``md_table``), the paper-claims section with its gate (``claims_section``), and the plots
-  (``curve``, ``passk_axes``, ``save``);
+  (``md_table``), the paper-claims section with its gate (``claims_section``), gated sub-tables
+  as data (``Subtable``: their arms' rows and claims sections), and the plots (``curve``,
+  ``passk_axes``, ``save``);
 * the full-size runs of a table's arms (``full_runs``).
 """
 
