@@ -59,6 +59,7 @@ from experiments import rl_seeds, rl_table, runs
 from experiments.mc_grpo.arms import overrides
 from rlpost import objectives as O
 from rlpost.tasks import arithmetic
+from rlpost.train import rl
 
 BASELINES = ("mean", "median", "mean_drop", "mean_random")
 LABELS = {"mean": "mean over G (GRPO)", "median": "median over G+1 (MC-GRPO)",
@@ -216,15 +217,17 @@ FLIP_RECIPES = {"mean": ("grpo", {}, 0), "median": ("mc_grpo", {}, 1),
                 "mean_random": ("mc_grpo", {"baseline": "mean_random"}, 1)}
 
 
-def sign_flip_rates(trainer, sz: Sizes, *, seed: int = 0) -> dict:
+def sign_flip_rates(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0) -> dict:
   """Opposite-sign, zeroed and correct-sign advantage rates of small-group baselines on the
   SFT policy (``O.fresh_group_sign_flips``).
 
   For each of ``flip_prompts`` training prompts, ``flip_reference`` completions give the
   reference baseline b (the prompt's mean reward: its expected reward, estimated); a separate
   pool of ``flip_pool`` fresh completions is cut into disjoint groups of G (mean) or G+1
-  (MC-GRPO's variants), each scored by the library's own recipe. Returned per reward kind
-  ("binary", "graded") and baseline: {G: {"opposite", "zeroed", "correct", "count"}}.
+  (MC-GRPO's variants), each scored by the library's own recipe. A rollout's reference
+  advantage is r - b; rollouts left out of the loss (pivots, dropped members) and rollouts
+  with r = b are not counted. Returned per reward kind ("binary", "graded") and baseline:
+  {G: {"opposite", "zeroed", "correct", "count"}}.
   """
   n, m, pool, data = sz.flip_prompts, sz.flip_reference, sz.flip_pool, trainer.train_data
   k_ref, k_pool, k_adv = jax.random.split(jax.random.key(seed), 3)
