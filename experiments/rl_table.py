@@ -10,8 +10,8 @@ testbed needs besides its own design and claims.
   evaluations, step 0 excluded), the start the gate is judged against (``start_of``), the
   standard cells and differences (``cells``), the gated verdicts (``judged``) and the gated
   summary of a table judged on one metric (``gated``);
-* the statistics a table reports beside its claims: ``gap_fraction`` (a BCa ratio of three arms)
-  and ``contrast`` (a signed sum of independent arms' means);
+* the statistics a table reports beside its claims: ``gap_fraction`` (a BCa ratio of three arms),
+  ``contrast`` (a signed sum of independent arms' means) and ``interaction`` (of a 2x2);
 * the renderer of the standard sections: the header (``header``), markdown tables
   (``md_table``), the paper-claims section with its gate (``claims_section``), gated sub-tables
   as data (``Subtable``: their arms' rows and claims sections), and the plots (``curve``,
@@ -240,6 +240,13 @@ def contrast(arms: Sequence, signs: Sequence[float], level: float = 0.95) -> dic
   df = sum(v) ** 2 / sum(vi ** 2 / (len(x) - 1) for vi, x in zip(v, xs)) if se > 0 else 1.0
   lo, hi = stats.t_interval(est, se, df, level)
   return {"mean": est, "lo": float(lo), "hi": float(hi)}
+
+
+def interaction(values: Mapping, both: str, second: str, first: str, base: str,
+                level: float = 0.95) -> dict:
+  """The interaction (both - second) - (first - base) of a 2x2 of four independent arms'
+  per-seed values ``values[arm]`` (``contrast``): 0 where the two factors add."""
+  return contrast([values[a] for a in (both, second, first, base)], (1.0, -1.0, -1.0, 1.0), level)
 
 
 # --------------------------------------------------------------------------------- rendering

@@ -167,13 +167,6 @@ def curve_unit(sz: Sizes, cfgs: dict, config: dict) -> dict:
                                lambda trainer: cumulative_advantage_curve(trainer, sz))
 
 
-def interaction(values: dict, level: float = 0.95) -> dict:
-  """The breadth x depth interaction (dars-b - grpo-b) - (dars-et - grpo-n8) of four
-  independent arms' per-seed values, with a Welch-Satterthwaite t interval."""
-  return rl_table.contrast([values[a] for a in ("dars-b", "grpo-b", "dars-et", "base")],
-                           (1.0, -1.0, -1.0, 1.0), level)
-
-
 def summarize(report: dict) -> dict:
   sz = Sizes(**report["config"])
   results, curve = report["data"]["arms"], report["data"].get("curve")
@@ -184,17 +177,17 @@ def summarize(report: dict) -> dict:
                                       if f"pass@{k}/d{sz.hardest}" in first]
   values = rl_table.window_values(results, keys, sz.window)
   cells, vs_base = rl_table.cells(values, keys, base, results)
-  s = {"ks": ks, "keys": keys, "cells": cells, "vs_base": vs_base, "stage2": {},
+  s = {"ks": ks, "keys": keys, "cells": cells, "vs_base": vs_base,
+       # the stage-2 metrics of the arms that have a stage 2, mean per step
+       "stage2": {n: {k: float(np.mean(a["train"][k])) for k in STAGE2 if k in a["train"]}
+                  for n, a in results.items() if "dars_rescued" in a["train"]},
        "seeds_from_power": sz.from_power(),
        "arm_seconds": {n: a["seconds"] for n, a in results.items()},
        "updates": {n: rl_table.updates(a["config"]) for n, a in results.items()},
-       "start": rl_table.start_of(results[base], keys)}
-  for name, arm in results.items():
-    if "dars_rescued" in arm["train"]:
-      s["stage2"][name] = {k: float(np.mean(arm["train"][k])) for k in STAGE2 if k in arm["train"]}
-  s["interaction"] = {k: interaction({"dars-b": values[k]["dars-b"], "grpo-b": values[k]["grpo-b"],
-                                      "dars-et": values[k]["dars-et"], "base": values[k][base]})
-                      for k in ("pass@1", f"pass@{max(ks)}")}
+       "start": rl_table.start_of(results[base], keys),
+       # breadth x depth: (dars-b - grpo-b) - (dars-et - base)
+       "interaction": {k: rl_table.interaction(values[k], "dars-b", "grpo-b", "dars-et", base)
+                       for k in ("pass@1", f"pass@{max(ks)}")}}
   s.update(rl_table.judged(claims(sz), values, s["start"]["pass@1"], "dars"))
   s["sanity"] = None
   if curve is None:  # full-size runs: the curve is measured on the CPU SFT policy only
