@@ -141,6 +141,32 @@ def protocol_note(verdicts: Sequence[Verdict | dict], level: float = 0.95) -> st
           f"{min(mdes):.3g}-{max(mdes):.3g}.")
 
 
+def proportions_rows(r: Mapping, rates: Sequence[float], trials: str = "trials") -> list[str]:
+  """The markdown table of a ``claims.judge_proportions`` verdict ``r``: the claim, a - b with its
+  interval and the two arms' ``rates``, z, p, each arm's ``trials`` and the verdict."""
+  a = r["claim"]["arms"][0]
+  return [f"| claim (paper) | ours: a - b [interval] | z | p | {trials} | verdict |",
+          "| --- | --- | --- | --- | --- | --- |",
+          f"| {r['claim']['text']} | {a}: {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] "
+          f"({rates[0]:.3f} vs {rates[1]:.3f}) | {r['z']:.2f} | {r['p']:.3g} | "
+          f"{r['n'][0]} vs {r['n'][1]} | {r['verdict']} |"]
+
+
+def proportions_note(r: Mapping, what: str, source: str, trials: str, shared: str) -> str:
+  """The paragraph under ``proportions_rows``: ``what`` the claim compares (a minus b, from
+  ``source``), its test and rule, and that it treats ``trials`` as independent, which ``shared``
+  are not."""
+  c = r["claim"]
+  a, b = c["arms"]
+  greater = c["direction"] == "greater"
+  bound = (c.get("margin") or 0.0) * (1 if greater else -1)
+  return (f"{what} ({a} minus {b}, {source}): a one-sided two-proportion z-test "
+          "(``harness.judge_proportions``), reproduced when p <= 0.05 and the 95% interval lies "
+          f"{'above' if greater else 'below'} {f'{bound:g}' if bound else '0'}, not "
+          f"Holm-adjusted. It treats {trials} as independent, which {shared} are not: a lenient "
+          "test.")
+
+
 def seeds_note(sz, from_power: int) -> str:
   """The table header's seed sentence for a design ``sz`` with ``seeds``, ``pilot_sd``,
   ``min_effect`` and ``min_seeds`` (and ``sd_source`` when the SD is not the CPU pilot's): the

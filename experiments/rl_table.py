@@ -4,21 +4,25 @@ testbed needs besides its own design and claims.
 * the design's common fields (``Design``: seeds, steps, evaluation, the power plan's inputs) and
   the testbed's RLConfig dict they set (``testbed_config``);
 * arms as data: {arm name: RLConfig overrides over the table's base config} (``arm_configs``),
-  trained as vmapped seed blocks (``arm_units``, ``experiments/rl_seeds.py``);
+  trained as vmapped seed blocks (``arm_units``, ``experiments/rl_seeds.py``), and analyses on
+  the SFT start beside them (``sft_analysis``);
 * the evaluation windows (``window_values``: the per-seed mean of the last ``window``
   evaluations, step 0 excluded), the start the gate is judged against (``start_of``), the
-  standard cells and differences (``cells``) and the gated verdicts (``judged``);
-* the statistics a table reports beside its claims: ``gap_fraction`` (a BCa ratio of three arms)
-  and ``contrast`` (a signed sum of independent arms' means);
+  standard cells and differences (``cells``), the gated verdicts (``judged``) and the gated
+  summary of a table judged on one metric (``gated``);
+* the statistics a table reports beside its claims: ``gap_fraction`` (a BCa ratio of three arms),
+  ``contrast`` (a signed sum of independent arms' means) and ``interaction`` (of a 2x2);
 * the renderer of the standard sections: the header (``header``), markdown tables
-  (``md_table``), the paper-claims section with its gate (``claims_section``), and the plots
-  (``curve``, ``passk_axes``, ``save``);
+  (``md_table``), the paper-claims section with its gate (``claims_section``), gated sub-tables
+  as data (``Subtable``: their arms' rows and claims sections), and the plots (``curve``,
+  ``passk_axes``, ``save``);
 * the full-size runs of a table's arms (``full_runs``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import os
 from typing import Mapping, Sequence
@@ -29,6 +33,7 @@ import scipy.stats
 from experiments import claims as claims_lib
 from experiments import harness, report, rl_seeds, runs
 from rlpost.eval import stats
+from rlpost.train import rl
 
 # The calibrated testbed every RL table runs on (``experiments/calibrate.py``).
 TESTBED = "b23-lr1e-4-kl0-p64"
@@ -87,19 +92,36 @@ def testbed_config(d: Design, *, drop: Sequence[str] = (), **extra) -> dict:
   return cfg
 
 
-def experiment(name: str, sizes, design, arms, base_config, *, extra_units=None,
+def experiment(name: str, sizes, design, arms, base_config, *, analyses=None,
                **kw) -> harness.Experiment:
   """The ``harness.Experiment`` of RL table ``name`` (module ``experiments.<name>``): its config
   is the fields of ``sizes(quick)`` (a ``design``), its units each arm of ``arms(design)`` over
-  ``base_config(design)`` as a vmapped seed block, then ``extra_units(design, arm configs,
-  config)``; ``kw``: the other ``Experiment`` fields."""
+  ``base_config(design)`` as a vmapped seed block, then ``analyses(design, arm configs, config)``
+  (units beside the arms, ``sft_analysis``); results.json keeps the arms under "arms" and each
+  analysis under its unit id when there are analyses. ``kw``: the other ``Experiment`` fields."""
   def units(config: dict) -> dict:
     d = design.of(config)
     cfgs = arm_configs(base_config(d), arms(d))
-    return dict(arm_units(d, cfgs), **(extra_units(d, cfgs, config) if extra_units else {}))
+    return dict(arm_units(d, cfgs), **(analyses(d, cfgs, config) if analyses else {}))
 
+  def collect(config: dict, results: Mapping) -> dict:
+    names = arms(design.of(config))
+    return {"arms": {k: v for k, v in results.items() if k in names},
+            **{k: v for k, v in results.items() if k not in names}}
+
+  if analyses:
+    kw.setdefault("collect", collect)
   return harness.Experiment(name=name, get_config=lambda quick: dataclasses.asdict(sizes(quick)),
                             units=units, module=f"experiments.{name}", **kw)
+
+
+def sft_analysis(key: str, cfg: Mapping, spec: Mapping, fn) -> dict:
+  """{key: harness.Unit}: ``fn(trainer)`` on the SFT start of RLConfig dict ``cfg`` (an analysis
+  beside the arms); its spec is ``cfg`` under ``key`` and ``spec``, and the file defining ``fn``
+  counts in its code version."""
+  return {key: harness.Unit(
+      {key: cfg, **spec}, lambda progress: fn(rl.make_train(cfg, log=lambda s: None)),
+      code=(inspect.getsourcefile(fn),))}
 
 
 def setting(d: Design, cfg: Mapping, tail: str = "") -> str:
@@ -131,6 +153,12 @@ def window_mean(arm: Mapping, key: str, window: int) -> np.ndarray:
 def window_values(results: Mapping, keys: Sequence[str], window: int) -> dict:
   """{key: {arm: [S] window means}}."""
   return {k: {n: window_mean(arm, k, window) for n, arm in results.items()} for k in keys}
+
+
+def updates(cfg: Mapping) -> int:
+  """Optimizer updates of a run of RLConfig dict ``cfg``: steps x mini-batches x epochs."""
+  return (int(cfg["steps"]) * int(cfg.get("num_minibatches", 1))
+          * int(cfg.get("num_iterations", 1)))
 
 
 def train_mean(arm: Mapping, key: str) -> np.ndarray:
@@ -166,6 +194,20 @@ def family(s: Mapping, name: str) -> list[dict]:
   return [c for c in s["claims"] if c["claim"]["family"] == name]
 
 
+def gated(results: Mapping, names, claims: Sequence[claims_lib.Claim], metric: str, window: int,
+          start: float, table: str) -> tuple[dict, dict]:
+  """(per-seed ``metric`` of the arms ``names``, their summary: each arm's cell, gain over the
+  SFT start ``start``, final evaluation and seconds, and the gated verdicts of ``claims``, whose
+  gate claims are on the metric "gain")."""
+  prim = {n: window_mean(results[n], metric, window) for n in names}
+  return prim, {
+      "cells": {n: report.cell(v) for n, v in prim.items()},
+      "gains": {n: report.cell(v - start) for n, v in prim.items()},
+      "final_eval": {n: report.cell(rl_seeds.final_metric(results[n], metric)) for n in names},
+      "arm_seconds": {n: results[n]["seconds"] for n in names},
+      **judged(claims, {"gain": prim, metric: prim}, start, table)}
+
+
 def gap_fraction(low, mid, high, *, level: float = 0.95, n_resamples: int = 9999,
                  seed: int = 0) -> dict:
   """(mean(mid) - mean(low)) / (mean(high) - mean(low)) of three independent arms' per-seed
@@ -198,6 +240,13 @@ def contrast(arms: Sequence, signs: Sequence[float], level: float = 0.95) -> dic
   df = sum(v) ** 2 / sum(vi ** 2 / (len(x) - 1) for vi, x in zip(v, xs)) if se > 0 else 1.0
   lo, hi = stats.t_interval(est, se, df, level)
   return {"mean": est, "lo": float(lo), "hi": float(hi)}
+
+
+def interaction(values: Mapping, both: str, second: str, first: str, base: str,
+                level: float = 0.95) -> dict:
+  """The interaction (both - second) - (first - base) of a 2x2 of four independent arms'
+  per-seed values ``values[arm]`` (``contrast``): 0 where the two factors add."""
+  return contrast([values[a] for a in (both, second, first, base)], (1.0, -1.0, -1.0, 1.0), level)
 
 
 # --------------------------------------------------------------------------------- rendering
@@ -260,6 +309,55 @@ def claims_section(s: Mapping, name: str, heading: str, intro: str,
           outcome[0] if s["base_learned"] else outcome[1], "",
           *([note, ""] if note else []), *report.verdict_rows(paper), "",
           report.protocol_note(paper), ""]
+
+
+@dataclasses.dataclass(frozen=True)
+class Subtable:
+  """A gated sub-table of a table judged on one metric (its summary from ``gated``): where its
+  summary sits (``key`` in the table's summary; "": the summary itself), the first column of its
+  rows (``label``), its arms {arm name: row label}, and its claims section (``claims_section``
+  of family ``family``)."""
+
+  key: str
+  label: str
+  arms: Mapping[str, str]
+  family: str
+  heading: str
+  intro: str
+  outcome: tuple[str, str]
+  note: str | None = None
+
+  def of(self, s: Mapping) -> Mapping | None:
+    """Its summary in the table's summary ``s`` (None where it was not run)."""
+    return s.get(self.key) if self.key else s
+
+
+def gated_table(subs: Sequence[Subtable], s: Mapping, first: str, metric: str) -> list[str]:
+  """The arms of every sub-table that ran, a row each: its ``first`` column, the arm, the cell of
+  ``metric``, the gain over the SFT start, the final evaluation and the minutes."""
+  return md_table(
+      [first, "arm", f"{metric} (last-3 mean)", "gain over SFT", "final evaluation", "minutes"],
+      [[sub.label, label, *(report.fmt(t[k][n]) for k in ("cells", "gains", "final_eval")),
+        report.minutes(t["arm_seconds"][n])]
+       for sub in subs if (t := sub.of(s)) for n, label in sub.arms.items()])
+
+
+def gated_sections(subs: Sequence[Subtable], s: Mapping) -> list[str]:
+  """The claims sections of the sub-tables that ran, then the rules of all their claims."""
+  ran = [(sub, sub.of(s)) for sub in subs if sub.of(s)]
+  return [*(line for sub, t in ran for line in claims_section(
+      t, sub.family, sub.heading, sub.intro, sub.outcome, sub.note)),
+          report.rules_note([c for _, t in ran for c in t["claims"]]), ""]
+
+
+def cpu_only(what: str) -> str:
+  """The sentence in place of an analysis that full-size runs do not carry."""
+  return f"{what} is measured on the CPU SFT policy only; full-size runs do not carry it."
+
+
+def sub_outcome(passed: str, failed: str) -> tuple[str, str]:
+  """(passed, failed): the sentences under a secondary sub-table's gate."""
+  return f"Gate passed: {passed}.", f"**Gate failed** {failed}: the claims below are not judged."
 
 
 def pyplot():

@@ -93,29 +93,26 @@ def sizes(quick: bool) -> Sizes:
 
 def claims(sz: Sizes) -> list[C.Claim]:
   """The gate (family "testbed": the base's pass@1 over the SFT start, filled in by
-  ``summarize``) and the paper's claims about trained arms (family "dars")."""
+  ``summarize``) and the paper's claims about trained arms (family "dars"), each with the
+  smallest effect of interest ``min_effect`` (pass@k units)."""
   kmax, base = max(sz.ks(KS)), f"grpo-n{sz.n}"
   big, pk = f"grpo-n{sz.n_max}", f"pass@{kmax}"
-  e = sz.min_effect  # every claim's smallest effect of interest (pass@k units)
-  return [
-      C.Claim("grpo_learns", f"{base} gains pass@1 over the SFT start", "pass@1", (base,),
-              family="testbed"),
-      # "No gain" is a non-superiority claim: one-sided against +min_effect.
-      C.Claim("naive_n_no_passk_gain", f"naively larger N gives no {pk} gain", pk, (big, base),
-              "not_greater", family="dars", sesoi=e),
-      C.Claim("dars_improves_passk", f"DARS improves {pk}", pk, ("dars-et", base),
-              family="dars", sesoi=e),
-      C.Claim("dars_beats_matched_n", f"DARS improves {pk} over the naive N of the same "
-              "sampled rollouts", pk, ("dars-et", big), family="dars", sesoi=e),
-      C.Claim("breadth_improves_pass1", "breadth improves pass@1", "pass@1", ("grpo-b", base),
-              family="dars", sesoi=e),
-      C.Claim("dars_b_improves_pass1", "DARS-B improves pass@1", "pass@1", ("dars-b", base),
-              family="dars", sesoi=e),
-      C.Claim("dars_b_improves_passk", f"DARS-B improves {pk}", pk, ("dars-b", base),
-              family="dars", sesoi=e),
-      C.Claim("depth_adds_to_breadth", f"depth adds {pk} on top of breadth", pk,
-              ("dars-b", "grpo-b"), family="dars", sesoi=e),
-  ]
+  # (id, text, metric, arms, direction); "no gain" is a non-superiority claim: one-sided
+  # against +min_effect
+  paper = [
+      ("naive_n_no_passk_gain", f"naively larger N gives no {pk} gain", pk, (big, base),
+       "not_greater"),
+      ("dars_improves_passk", f"DARS improves {pk}", pk, ("dars-et", base), "greater"),
+      ("dars_beats_matched_n", f"DARS improves {pk} over the naive N of the same sampled "
+       "rollouts", pk, ("dars-et", big), "greater"),
+      ("breadth_improves_pass1", "breadth improves pass@1", "pass@1", ("grpo-b", base), "greater"),
+      ("dars_b_improves_pass1", "DARS-B improves pass@1", "pass@1", ("dars-b", base), "greater"),
+      ("dars_b_improves_passk", f"DARS-B improves {pk}", pk, ("dars-b", base), "greater"),
+      ("depth_adds_to_breadth", f"depth adds {pk} on top of breadth", pk, ("dars-b", "grpo-b"),
+       "greater")]
+  return [C.Claim("grpo_learns", f"{base} gains pass@1 over the SFT start", "pass@1", (base,),
+                  family="testbed"),
+          *(C.Claim(*c, family="dars", sesoi=sz.min_effect) for c in paper)]
 
 
 def arms(sz: Sizes) -> dict:
@@ -139,11 +136,6 @@ def arms(sz: Sizes) -> dict:
 
 def base_config(sz: Sizes) -> dict:
   return rl_table.testbed_config(sz, drop=("recipe_args",))
-
-
-def arm_configs(sz: Sizes) -> dict:
-  """{arm name: full RLConfig dict}."""
-  return rl_table.arm_configs(base_config(sz), arms(sz))
 
 
 def cumulative_advantage_curve(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0) -> dict:
@@ -170,23 +162,9 @@ def cumulative_advantage_curve(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0)
 
 
 def curve_unit(sz: Sizes, cfgs: dict, config: dict) -> dict:
-  grpo = cfgs[f"grpo-n{sz.n}"]
-  return {"curve": rl_table.harness.Unit(
-      {"curve": grpo, "n": sz.n, "prompts": sz.curve_prompts},
-      lambda progress: cumulative_advantage_curve(rl.make_train(grpo, log=lambda s: None), sz))}
-
-
-def interaction(values: dict, level: float = 0.95) -> dict:
-  """The breadth x depth interaction (dars-b - grpo-b) - (dars-et - grpo-n8) of four
-  independent arms' per-seed values, with a Welch-Satterthwaite t interval."""
-  return rl_table.contrast([values[a] for a in ("dars-b", "grpo-b", "dars-et", "base")],
-                           (1.0, -1.0, -1.0, 1.0), level)
-
-
-def _updates(cfg: dict) -> int:
-  """Optimizer updates of a run: steps x mini-batches x epochs."""
-  return (int(cfg["steps"]) * int(cfg.get("num_minibatches", 1))
-          * int(cfg.get("num_iterations", 1)))
+  return rl_table.sft_analysis("curve", cfgs[f"grpo-n{sz.n}"],
+                               {"n": sz.n, "prompts": sz.curve_prompts},
+                               lambda trainer: cumulative_advantage_curve(trainer, sz))
 
 
 def summarize(report: dict) -> dict:
@@ -199,17 +177,17 @@ def summarize(report: dict) -> dict:
                                       if f"pass@{k}/d{sz.hardest}" in first]
   values = rl_table.window_values(results, keys, sz.window)
   cells, vs_base = rl_table.cells(values, keys, base, results)
-  s = {"ks": ks, "keys": keys, "cells": cells, "vs_base": vs_base, "stage2": {},
+  s = {"ks": ks, "keys": keys, "cells": cells, "vs_base": vs_base,
+       # the stage-2 metrics of the arms that have a stage 2, mean per step
+       "stage2": {n: {k: float(np.mean(a["train"][k])) for k in STAGE2 if k in a["train"]}
+                  for n, a in results.items() if "dars_rescued" in a["train"]},
        "seeds_from_power": sz.from_power(),
        "arm_seconds": {n: a["seconds"] for n, a in results.items()},
-       "updates": {n: _updates(a["config"]) for n, a in results.items()},
-       "start": rl_table.start_of(results[base], keys)}
-  for name, arm in results.items():
-    if "dars_rescued" in arm["train"]:
-      s["stage2"][name] = {k: float(np.mean(arm["train"][k])) for k in STAGE2 if k in arm["train"]}
-  s["interaction"] = {k: interaction({"dars-b": values[k]["dars-b"], "grpo-b": values[k]["grpo-b"],
-                                      "dars-et": values[k]["dars-et"], "base": values[k][base]})
-                      for k in ("pass@1", f"pass@{max(ks)}")}
+       "updates": {n: rl_table.updates(a["config"]) for n, a in results.items()},
+       "start": rl_table.start_of(results[base], keys),
+       # breadth x depth: (dars-b - grpo-b) - (dars-et - base)
+       "interaction": {k: rl_table.interaction(values[k], "dars-b", "grpo-b", "dars-et", base)
+                       for k in ("pass@1", f"pass@{max(ks)}")}}
   s.update(rl_table.judged(claims(sz), values, s["start"]["pass@1"], "dars"))
   s["sanity"] = None
   if curve is None:  # full-size runs: the curve is measured on the CPU SFT policy only
@@ -285,8 +263,7 @@ def render(report: dict) -> str:
       "Sanity check (holds by algebra, not a reproduction): the mean-only cumulative advantage "
       f"peaks at accuracy 0.5: peak at {s.get('curve_peak_accuracy', nan):.3g}, "
       f"{s['sanity']['cumulative_advantage_peaks_at_half']}." if s.get("sanity") else
-      "The cumulative-advantage sanity check is measured on the CPU SFT policy only; full-size "
-      "runs do not carry it.", ""]
+      rl_table.cpu_only("The cumulative-advantage sanity check"), ""]
   return "\n".join(lines)
 
 
@@ -345,10 +322,8 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
 
 
 EXPERIMENT = rl_table.experiment(
-    "dars", sizes, Sizes, arms, base_config, extra_units=curve_unit, summarize=summarize,
+    "dars", sizes, Sizes, arms, base_config, analyses=curve_unit, summarize=summarize,
     render=render, plot=plot, full=from_full_runs,
-    collect=lambda config, results: {"arms": {k: v for k, v in results.items() if k != "curve"},
-                                     "curve": results["curve"]},
     # a replication: every arm of the committed design (each enters a claim) at fresh seeds
     replicate=lambda c, n, o: dict(c, seeds=n, seed_offset=o))
 get_config, units = EXPERIMENT.get_config, EXPERIMENT.units

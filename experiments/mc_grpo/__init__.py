@@ -182,6 +182,36 @@ def rate_claim(sz: Sizes) -> C.Claim:
                  (f"median G={sz.small_g}", f"mean G={sz.small_g}"), "less")
 
 
+def subtables(sz: Sizes) -> list[rl_table.Subtable]:
+  """The gated sub-tables: the primary table, then the 0/1 secondary and the other bases where
+  the design runs them (their summaries under "binary" and "bases")."""
+  def rows(prefix=""):
+    return {n: f"G={g}, {LABELS[bl]}" for n, (g, bl) in arm_names(sz, prefix).items()}
+
+  subs = [rl_table.Subtable(
+      "", "0/1" if sz.primary_reward == "binary" else "graded", rows(), primary_family(sz),
+      "## Paper claims", rl_table.gate_intro(
+          "one Holm family: GRPO's gains over the SFT start", "variant", "testbed gate"),
+      rl_table.gate_outcome("GRPO", "variant ", " at both G"),
+      f"Variant claims (one Holm family), {sz.seeds} seeds per arm:")]
+  if sz.binary_secondary:
+    subs.append(rl_table.Subtable(
+        "binary", "0/1", rows(BINARY), "mc_grpo_01",
+        "### Secondary table: the same claims on the 0/1 reward",
+        "Pre-declared as secondary: its own gate and Holm families, judged the same way.",
+        rl_table.sub_outcome("GRPO learns at both G on the 0/1 reward", "on the 0/1 reward")))
+  if sz.bases:
+    subs.append(rl_table.Subtable(
+        "bases", "graded", {n: f"G={sz.small_g}, {LABELS[bl]}, {BASE_LABELS[b]} base"
+                            for n, (b, bl) in base_arm_names(sz).items()}, "mc_grpo_bases",
+        "### Over other bases: the median at G=2 over DAPO and Dr.GRPO (graded reward)",
+        "The paper's \"orthogonal to the base\" claim: each base's own G=2 mean arm must gain "
+        "over the SFT start (its own gate family), then median vs mean over that base (one Holm "
+        "family).", rl_table.sub_outcome("every base learns at G=2", "for a base")))
+  return subs
+
+
+# Each baseline's recipe, its arguments, and how many rollouts beyond G a group has.
 FLIP_RECIPES = {"mean": ("grpo", {}, 0), "median": ("mc_grpo", {}, 1),
                 "mean_drop": ("mc_grpo", {"baseline": "mean"}, 1),
                 "mean_random": ("mc_grpo", {"baseline": "mean_random"}, 1)}
@@ -189,7 +219,7 @@ FLIP_RECIPES = {"mean": ("grpo", {}, 0), "median": ("mc_grpo", {}, 1),
 
 def sign_flip_rates(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0) -> dict:
   """Opposite-sign, zeroed and correct-sign advantage rates of small-group baselines on the
-  SFT policy.
+  SFT policy (``O.fresh_group_sign_flips``).
 
   For each of ``flip_prompts`` training prompts, ``flip_reference`` completions give the
   reference baseline b (the prompt's mean reward: its expected reward, estimated); a separate
@@ -199,8 +229,7 @@ def sign_flip_rates(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0) -> dict:
   with r = b are not counted. Returned per reward kind ("binary", "graded") and baseline:
   {G: {"opposite", "zeroed", "correct", "count"}}.
   """
-  n, m, pool = sz.flip_prompts, sz.flip_reference, sz.flip_pool
-  data = trainer.train_data
+  n, m, pool, data = sz.flip_prompts, sz.flip_reference, sz.flip_pool, trainer.train_data
   k_ref, k_pool, k_adv = jax.random.split(jax.random.key(seed), 3)
   ref_idx = np.repeat(np.arange(n, dtype=np.int32), m)
   pool_idx = np.repeat(np.arange(n, dtype=np.int32), pool)
@@ -215,32 +244,17 @@ def sign_flip_rates(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0) -> dict:
 
     b = rewards(*ref, ref_idx).reshape(n, m).mean(axis=1)
     r_pool = rewards(*fresh, pool_idx).reshape(n, pool)
-    out[kind] = {}
-    for baseline, (name, args, extra) in FLIP_RECIPES.items():
-      recipe, out[kind][baseline] = O.get_recipe(name, **args), {}
-      for g in (sz.small_g, sz.large_g):
-        size = g + extra
-        per = pool // size
-        rew = r_pool[:, :per * size].reshape(-1)
-        batch = O.RolloutBatch(
-            group_id=jnp.asarray(np.arange(n * per).repeat(size), jnp.int32),
-            valid=jnp.ones(rew.shape, bool), tokens=jnp.zeros((rew.size, 1), jnp.int32),
-            token_mask=jnp.ones((rew.size, 1), bool), rewards=jnp.asarray(rew, jnp.float32))
-        adv, _ = O.compute_advantages(recipe.advantage, batch, key=k_adv)
-        flips = O.sign_flip_rates(adv.values, batch.rewards,
-                                  jnp.asarray(np.repeat(b, per * size), jnp.float32),
-                                  adv.weights > 0)
-        opp, zero, count = float(flips.opposite), float(flips.zeroed), int(flips.count)
-        out[kind][baseline][g] = {"opposite": opp, "zeroed": zero,
-                                  "correct": 1.0 - opp - zero if count else 0.0, "count": count}
+    out[kind] = {bl: {g: O.fresh_group_sign_flips(O.get_recipe(name, **args).advantage, r_pool,
+                                                  b, g + extra, key=k_adv).to_json()
+                      for g in (sz.small_g, sz.large_g)}
+                 for bl, (name, args, extra) in FLIP_RECIPES.items()}
   return out
 
 
 def sign_flip_unit(sz: Sizes, cfgs: dict, config: dict) -> dict:
-  small = cfgs[f"G{sz.small_g}-mean"]
-  return {"sign_flips": rl_table.harness.Unit(
-      {"sign_flips": small, "sizes": config, "design": "fresh groups"},
-      lambda progress: sign_flip_rates(rl.make_train(small, log=lambda s: None), sz))}
+  return rl_table.sft_analysis("sign_flips", cfgs[f"G{sz.small_g}-mean"],
+                               {"sizes": config, "design": "fresh groups"},
+                               lambda trainer: sign_flip_rates(trainer, sz))
 
 
 def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
@@ -278,24 +292,13 @@ def _flips(report: dict) -> dict | None:
           for k, r in report["data"]["sign_flips"].items()}
 
 
-def _gated(results: dict, names, claim_list, window: int, start: float) -> tuple[dict, dict]:
-  """(per-seed primary values, per-arm cells (primary metric, gain over ``start``, final
-  evaluation, seconds) of the arms ``names`` with the gated verdicts of ``claim_list``)."""
-  prim = {n: rl_table.window_mean(results[n], METRIC, window) for n in names}
-  return prim, {
-      "cells": {n: R.cell(v) for n, v in prim.items()},
-      "gains": {n: R.cell(v - start) for n, v in prim.items()},
-      "final_eval": {n: R.cell(rl_seeds.final_metric(results[n], METRIC)) for n in names},
-      "arm_seconds": {n: results[n]["seconds"] for n in names},
-      **rl_table.judged(claim_list, {"gain": prim, METRIC: prim}, start, "mc_grpo")}
-
-
 def _judge_table(results: dict, sz: Sizes, prefix: str = "") -> dict:
   """One table's cells, differences, gap fraction and gated verdicts, over the arms of
   ``arm_names(sz, prefix)``."""
   names = arm_names(sz, prefix)
   start = rl_table.start_of(results[next(iter(names))], [METRIC])[METRIC]
-  prim, t = _gated(results, names, claims(sz, prefix), sz.window, start)
+  prim, t = rl_table.gated(results, names, claims(sz, prefix), METRIC, sz.window, start,
+                           "mc_grpo")
   g0, g1 = f"{prefix}G{sz.small_g}", f"{prefix}G{sz.large_g}"
   return {"start_pass@1": start, **t,
           "vs": {bl: R.diff_cell(prim[f"{g0}-median"], prim[f"{g0}-{bl}"])
@@ -310,8 +313,8 @@ def summarize(report: dict) -> dict:
   s = _judge_table(results, sz)
   s["seeds_from_power"] = sz.from_power()
   s["binary"] = _judge_table(results, sz, BINARY) if sz.binary_secondary else None
-  s["bases"] = (_gated(results, base_arm_names(sz), base_claims(sz), sz.window,
-                       s["start_pass@1"])[1] if sz.bases else None)
+  s["bases"] = (rl_table.gated(results, base_arm_names(sz), base_claims(sz), METRIC, sz.window,
+                               s["start_pass@1"], "mc_grpo")[1] if sz.bases else None)
   for sub in ("binary", "bases"):
     if s[sub]:
       s["verdicts"].update(s[sub]["verdicts"])
@@ -328,36 +331,28 @@ def summarize(report: dict) -> dict:
 
 def render(report: dict) -> str:
   s, flips, sz = report["summary"], _flips(report), Sizes.of(report["config"])
-  g0, g1, fam = sz.small_g, sz.large_g, primary_family(sz)
-  tables = [("0/1" if sz.primary_reward == "binary" else "graded", "", s)] + (
-      [("0/1", BINARY, s["binary"])] if s.get("binary") else [])
-  rows = [(reward, f"G={g}, {LABELS[bl]}", t, name) for reward, prefix, t in tables
-          for name, (g, bl) in arm_names(sz, prefix).items()]
-  rows += [("graded", f"G={g0}, {LABELS[bl]}, {BASE_LABELS[b]} base", s["bases"], name)
-           for name, (b, bl) in (base_arm_names(sz).items() if s.get("bases") else ())]
+  g0, g1, subs = sz.small_g, sz.large_g, subtables(sz)
+  tables = [(sub.label, sub.of(s)) for sub in subs if sub.key != "bases" and sub.of(s)]
   lines = [
       rl_table.title(report, "MC-GRPO"), "",
       rl_table.header(report, sz, s, f"{sz.steps} RL steps, " + rl_table.setting(
           sz, base_config(sz), ", no KL" + ("; the same arms on the 0/1 reward as a secondary "
                                             "table" if sz.binary_secondary else "")),
-          "metric: test pass@1", "variant claims", rl_table.family(s, fam),
+          "metric: test pass@1", "variant claims", rl_table.family(s, primary_family(sz)),
           f"{s['start_pass@1']:.3f}", start_first=True), "", "## Primary metric", ""]
   if s.get("binary"):
     lines += ["The secondary table trains the same arms with the same recipes on the 0/1 reward "
               "(1 for an exact answer, else 0), where a baseline can zero an advantage but never "
               "flip its sign; its SFT start is the same policy "
               f"({s['binary']['start_pass@1']:.3f}).", ""]
-  lines += [*rl_table.md_table(
-      ["reward", "arm", "pass@1 (last-3 mean)", "gain over SFT", "final evaluation", "minutes"],
-      [[reward, label, *(R.fmt(t[k][name]) for k in ("cells", "gains", "final_eval")),
-        R.minutes(t["arm_seconds"][name])] for reward, label, t, name in rows]),
-      "", "## Differences at G=2 and the gap", "",
-      *rl_table.md_table(["reward", "comparison", "difference"], [
-          row for reward, _, t in tables for row in
-          [[reward, f"G={g1} minus G={g0}, GRPO (the gap)", R.fmt(t["gap"])]]
-          + [[reward, f"G={g0}: median minus {LABELS[bl]}", R.fmt(c)]
-             for bl, c in t["vs"].items()]]), ""]
-  for reward, _, t in tables:
+  lines += [*rl_table.gated_table(subs, s, "reward", METRIC),
+            "", "## Differences at G=2 and the gap", "",
+            *rl_table.md_table(["reward", "comparison", "difference"], [
+                row for reward, t in tables for row in
+                [[reward, f"G={g1} minus G={g0}, GRPO (the gap)", R.fmt(t["gap"])]]
+                + [[reward, f"G={g0}: median minus {LABELS[bl]}", R.fmt(c)]
+                   for bl, c in t["vs"].items()]]), ""]
+  for reward, t in tables:
     gc = t["gap_closed"]
     lines += [f"Fraction of the G={g0} to G={g1} gap the median closes, {reward} reward, "
               f"(median - mean) / (G{g1} - mean) at G={g0}: {gc['fraction']:+.2f} "
@@ -375,45 +370,15 @@ def render(report: dict) -> str:
             [[kind, LABELS[bl], *(" / ".join(f"{flips[kind][bl][g][k]:.3f}" for k in (
                 "opposite", "zeroed", "correct")) for g in (g0, g1))]
              for kind in ("binary", "graded") for bl in BASELINES])]
-  lines += ["", *rl_table.claims_section(
-      s, fam, "## Paper claims",
-      rl_table.gate_intro("one Holm family: GRPO's gains over the SFT start", "variant",
-                          "testbed gate"),
-      rl_table.gate_outcome("GRPO", "variant ", " at both G"),
-      f"Variant claims (one Holm family), {sz.seeds} seeds per arm:")]
-  sections = [("binary", "mc_grpo_01", "### Secondary table: the same claims on the 0/1 reward",
-               "Pre-declared as secondary: its own gate and Holm families, judged the same way.",
-               "GRPO learns at both G on the 0/1 reward", "on the 0/1 reward"),
-              ("bases", "mc_grpo_bases", "### Over other bases: the median at G=2 over DAPO and "
-               "Dr.GRPO (graded reward)", "The paper's \"orthogonal to the base\" claim: each "
-               "base's own G=2 mean arm must gain over the SFT start (its own gate family), then "
-               "median vs mean over that base (one Holm family).", "every base learns at G=2",
-               "for a base")]
-  for key, family, title, intro, passed, failed in sections:
-    if s.get(key):
-      lines += rl_table.claims_section(s[key], family, title, intro, (
-          f"Gate passed: {passed}.", f"**Gate failed** {failed}: the claims below are not judged."))
-  every = s["claims"] + [c for key in ("binary", "bases") for c in (s.get(key) or {}).get(
-      "claims", [])]
-  lines += [R.rules_note(every), ""]
-  r = s["rates"]
-  if r is None:
-    return "\n".join(lines + [
-        "The mechanism claim (opposite-sign rates) is measured on the CPU SFT policy only; "
-        "full-size runs do not carry it.", ""])
-  a, b = r["claim"]["arms"]
+  lines += ["", *rl_table.gated_sections(subs, s)]
+  if s["rates"] is None:
+    return "\n".join(lines + [rl_table.cpu_only("The mechanism claim (opposite-sign rates)"), ""])
+  rate = {bl: flips["graded"][bl][g0]["opposite"] for bl in ("median", "mean")}
   return "\n".join(lines + [
-      *rl_table.md_table(
-          ["claim (paper)", "ours: a - b [interval]", "z", "p", "rollouts", "verdict"],
-          [[r["claim"]["text"], f"{a}: {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] "
-            f"({flips['graded']['median'][g0]['opposite']:.3f} vs "
-            f"{flips['graded']['mean'][g0]['opposite']:.3f})", f"{r['z']:.2f}", f"{r['p']:.3g}",
-            f"{r['n'][0]} vs {r['n'][1]}", r["verdict"]]]), "",
-      f"The mechanism claim compares opposite-sign rates pooled over rollouts ({a} minus {b}, "
-      "from the \"Advantage sign flips\" table, fresh groups): a one-sided two-proportion z-test "
-      "(``harness.judge_proportions``), reproduced when p <= 0.05 and the 95% interval lies "
-      "below 0, not Holm-adjusted. It treats rollouts as independent, which groups of the same "
-      "prompts are not: a lenient test.", ""])
+      *R.proportions_rows(s["rates"], (rate["median"], rate["mean"]), "rollouts"), "",
+      R.proportions_note(s["rates"], "The mechanism claim compares opposite-sign rates pooled "
+                         "over rollouts", "from the \"Advantage sign flips\" table, fresh groups",
+                         "rollouts", "groups of the same prompts"), ""])
 
 
 def plot(report: dict, out_dir: str) -> list[str]:
@@ -445,11 +410,8 @@ def plot(report: dict, out_dir: str) -> list[str]:
 
 
 EXPERIMENT = rl_table.experiment(
-    "mc_grpo", sizes, Sizes, arms, base_config, extra_units=sign_flip_unit,
+    "mc_grpo", sizes, Sizes, arms, base_config, analyses=sign_flip_unit,
     summarize=summarize, render=render, plot=plot, full=from_full_runs,
-    collect=lambda config, results: {
-        "arms": {k: v for k, v in results.items() if k != "sign_flips"},
-        "sign_flips": results["sign_flips"]},
     # a replication: the primary (graded-reward) table's arms at fresh seeds; the exploratory
     # 0/1 and other-base tables are left out
     replicate=lambda c, n, o: dict(c, seeds=n, seed_offset=o, binary_secondary=False, bases=[]))

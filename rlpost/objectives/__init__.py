@@ -104,6 +104,7 @@ from rlpost.objectives.diagnostics import (
     advantage_by_difficulty,
     clip_fractions,
     effective_sample_size,
+    fresh_group_sign_flips,
     overconfident_error_fraction,
     sign_flip_rates,
     zero_variance_fraction,
@@ -201,6 +202,7 @@ __all__ = [
     "sum_terms",
     # diagnostics
     "sign_flip_rates",
+    "fresh_group_sign_flips",
     "zero_variance_fraction",
     "zero_advantage_fraction",
     "per_prompt_mean",

@@ -13,12 +13,15 @@ import jax
 import jax.numpy as jnp
 
 from rlpost.objectives import groups
+from rlpost.objectives.base import AdvantageTransform, compute_advantages
 from rlpost.objectives.parts import safe_divide
 from rlpost.objectives.losses import clip_indicators
+from rlpost.types import RolloutBatch
 
 __all__ = [
     "SignFlipRates",
     "sign_flip_rates",
+    "fresh_group_sign_flips",
     "zero_variance_fraction",
     "zero_advantage_fraction",
     "per_prompt_mean",
@@ -42,6 +45,13 @@ class SignFlipRates(NamedTuple):
   opposite: jax.Array
   zeroed: jax.Array
   count: jax.Array
+
+  def to_json(self) -> dict:
+    """{"opposite", "zeroed", "correct" (the rest; 0 when nothing is counted), "count"} as
+    Python numbers (host side)."""
+    opp, zero, count = float(self.opposite), float(self.zeroed), int(self.count)
+    return {"opposite": opp, "zeroed": zero, "correct": 1.0 - opp - zero if count else 0.0,
+            "count": count}
 
 
 def sign_flip_rates(
@@ -79,6 +89,43 @@ def sign_flip_rates(
       zeroed=safe_divide(jnp.sum(zeroed, dtype=jnp.float32), n),
       count=n,
   )
+
+
+def fresh_group_sign_flips(
+    advantage: AdvantageTransform,
+    rewards: jax.Array,
+    reference_baseline: jax.Array,
+    group_size: int,
+    *,
+    key: Optional[jax.Array] = None,
+) -> SignFlipRates:
+  """Sign flips of an advantage transform's small-group advantages against a reference baseline,
+  over fresh groups (MC-GRPO's diagnosis of small-group baselines).
+
+  Each prompt's M rollouts are cut into M // ``group_size`` disjoint groups (the last M mod
+  ``group_size`` left out) and scored by ``advantage`` alone (e.g. a recipe's ``advantage``);
+  ``sign_flip_rates`` then compares each advantage with r - b, b its prompt's reference baseline,
+  over the rollouts the loss weighs (weight > 0: pivots and dropped members are not counted).
+  The reference should come from other rollouts than ``rewards`` (fresh groups).
+
+  Args:
+    advantage: an AdvantageTransform of rewards only (its batch has one dummy token per row).
+    rewards: [P, M] float32 rewards of M rollouts of each of P prompts.
+    reference_baseline: [P] float32 reference baseline of each prompt.
+    group_size: rollouts per group.
+    key: PRNG key for transforms that sample (a random member dropped), or None.
+  """
+  chex.assert_rank(rewards, 2)
+  p, m = rewards.shape
+  per = m // group_size
+  r = jnp.asarray(rewards[:, :per * group_size], jnp.float32).reshape(-1)
+  batch = RolloutBatch(
+      group_id=jnp.repeat(jnp.arange(p * per, dtype=jnp.int32), group_size),
+      valid=jnp.ones(r.shape, bool), tokens=jnp.zeros((r.size, 1), jnp.int32),
+      token_mask=jnp.ones((r.size, 1), bool), rewards=r)
+  adv, _ = compute_advantages(advantage, batch, key=key)
+  b = jnp.repeat(jnp.asarray(reference_baseline, jnp.float32), per * group_size)
+  return sign_flip_rates(adv.values, batch.rewards, b, adv.weights > 0)
 
 
 def zero_variance_fraction(rewards: jax.Array, group_id: jax.Array, valid: jax.Array) -> jax.Array:

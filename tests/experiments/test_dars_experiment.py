@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from experiments import harness, dars
+from experiments import harness, dars, rl_table
 from rlpost.train import config as config_lib
 from rlpost.train import rl
 from scripts import reproduce
@@ -15,7 +15,7 @@ from scripts import reproduce
 
 def test_arms_sample_matched_rollouts_and_never_truncate():
   sz = dars.Sizes()
-  cfgs = dars.arm_configs(sz)
+  cfgs = rl_table.arm_configs(dars.base_config(sz), dars.arms(sz))
 
   def sampled(name):
     c = config_lib.from_dict(rl.RLConfig, cfgs[name])
@@ -42,7 +42,7 @@ def test_interaction_is_the_difference_of_differences():
   rng = np.random.default_rng(0)
   v = {a: rng.normal(m, 0.01, 8) for a, m in
        (("dars-b", 0.5), ("grpo-b", 0.4), ("dars-et", 0.35), ("base", 0.3))}
-  got = dars.interaction(v)
+  got = rl_table.interaction(v, "dars-b", "grpo-b", "dars-et", "base")
   want = (v["dars-b"].mean() - v["grpo-b"].mean()) - (v["dars-et"].mean() - v["base"].mean())
   assert got["mean"] == pytest.approx(want) and got["lo"] < want < got["hi"]
   # the interval width is that of four independent means (se sqrt(4 * 0.01^2 / 8) ~ 0.007)

@@ -20,6 +20,19 @@ def test_sign_flip_rates(variant):
   np.testing.assert_allclose([r.opposite, r.zeroed, r.count], [0.25, 0.25, 4.0])
 
 
+def test_fresh_group_sign_flips():
+  # Two prompts x 5 rollouts in groups of 2 (the fifth left out), references 0.25 and 0.75.
+  rewards = np.array([[1, 0, 0.5, 0.5, 9], [0.5, 1, 0, 0.25, 9]], np.float32)
+  ref = np.array([0.25, 0.75], np.float32)
+  r = O.fresh_group_sign_flips(O.get_recipe("grpo").advantage, rewards, ref, 2)
+  # Group (0.5, 0.5) zeroes two advantages; in (0, 0.25) under 0.75, 0.25 gets A > 0.
+  np.testing.assert_allclose([r.opposite, r.zeroed, r.count], [1 / 8, 2 / 8, 8.0])
+  assert r.to_json() == {"opposite": 0.125, "zeroed": 0.25, "correct": 0.625, "count": 8}
+  # The median over 3 leaves its pivot out of the loss, and so out of the count.
+  med = O.fresh_group_sign_flips(O.get_recipe("mc_grpo").advantage, rewards[:, :3], ref, 3)
+  assert int(med.count) == 4 and float(med.opposite) == 0.0
+
+
 @VARIANTS
 def test_zero_variance_fraction(variant):
   b = make_batch([[1, 1], [0, 1], [3.0], []], 2)
