@@ -43,8 +43,6 @@ from rlpost.eval import stats
 def power_plan(config: Mapping) -> int:
   """Seeds per arm a design's power plan asks for (its ``pilot_sd``, ``min_effect`` and
   ``min_seeds``): the SESOI found with 80% power at alpha 0.05, two-sided."""
-  from rlpost.eval import stats
-
   return max(int(config["min_seeds"]),
              stats.seeds_needed(float(config["pilot_sd"]), float(config["min_effect"])))
 

@@ -26,7 +26,7 @@ def model():
 def _full_logprobs(model, prompt_tokens, prompt_mask, out):
   """Policy log-probs and logits of the completion tokens from one uncached forward pass."""
   return scoring.completion_logprobs(model, prompt_tokens, prompt_mask, out.tokens, out.mask,
-                                 return_logits=True)
+                                     return_logits=True)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -264,7 +264,7 @@ def test_decode_segments_do_not_change_results(model, temperature, stop):
     np.testing.assert_allclose(o.policy_logprobs, outs[0].policy_logprobs, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(o.logprobs, outs[0].logprobs, atol=1e-5, rtol=1e-5)
   full = scoring.completion_logprobs(model, jnp.asarray(toks), jnp.asarray(mask), outs[-1].tokens,
-                                 outs[-1].mask)
+                                     outs[-1].mask)
   m = np.asarray(outs[-1].mask)
   np.testing.assert_allclose(np.asarray(outs[-1].policy_logprobs)[m], np.asarray(full)[m],
                              atol=2e-5, rtol=1e-5)

@@ -66,8 +66,8 @@ IMPLS = ("xla", "blockwise", "cudnn")
 BLOCK_Q = 512
 BLOCK_K = 512
 
-# Large negative logit for masked slots (the value ``transformer.Attention`` uses). Finite, so
-# that the running max of a tile with no visible key stays finite and exp() never sees inf - inf.
+# Large negative logit for masked slots, in every implementation. Finite, so that the running
+# max of a tile with no visible key stays finite and exp() never sees inf - inf.
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 

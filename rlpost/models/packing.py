@@ -152,8 +152,8 @@ def completion_scores(model: tfm.Transformer, prompt_tokens, prompt_mask, comple
   packed = pack(prompt_tokens, prompt_mask, completion_tokens, completion_mask, num_bins,
                 bin_rows=bin_rows)
   return scoring.scores_from_hidden(model, packed_hidden(model, packed, remat=remat),
-                                completion_tokens, completion_mask, entropy=entropy,
-                                logits_chunk=logits_chunk)
+                                    completion_tokens, completion_mask, entropy=entropy,
+                                    logits_chunk=logits_chunk)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from rlpost.models import attention as attention_lib
 from rlpost.models.transformer import Transformer
 
+
 def forward(model: Transformer, tokens: jax.Array, mask: jax.Array) -> jax.Array:
   """Full (uncached) forward pass over padded sequences.
 

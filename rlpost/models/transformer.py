@@ -55,6 +55,7 @@ from rlpost.models import attention as attention_lib
 from rlpost.models.config import (LAYER_TYPES, MLP_ACTIVATIONS, LinearRopeScaling,  # noqa: F401
                                   Llama3RopeScaling, RopeScaling, TransformerConfig)
 
+
 class LayerCache(NamedTuple):
   """Keys and values of one layer, in the cache dtype: k [B, K, D, S], v [B, K, S, D].
 
@@ -329,6 +330,9 @@ class Transformer(nnx.Module):
     if cache is not None and (k_tok is None or q_tok.seg is not None):
       raise ValueError("Transformer.hidden: a cached pass needs k_tok (the cache slots' tokens) "
                        "and takes no segment ids")
+    if cache is None and k_tok is not None:
+      raise ValueError("Transformer.hidden: k_tok describes cache slots; an uncached pass's keys "
+                       "are its own tokens")
     x = self.embed(tokens)
     if cfg.embed_scale:
       x = x * jnp.asarray(cfg.hidden_size ** 0.5, cfg.params_dtype).astype(x.dtype)
@@ -340,11 +344,11 @@ class Transformer(nnx.Module):
 
     def inputs(is_local):
       """(rope tables, window) of a layer: by a Python bool, or a traced one inside the scan
-      (where a full layer's window is one longer than any sequence)."""
+      (where a full layer's window is the largest int32, longer than any sequence)."""
       if isinstance(is_local, bool):
         return tables[is_local], windows[is_local]
       pick = lambda g, s: jnp.where(is_local, s, g)  # noqa: E731
-      window = None if windows[1] is None else pick(jnp.int32(cfg.max_seq_len + 1),
+      window = None if windows[1] is None else pick(jnp.int32(jnp.iinfo(jnp.int32).max),
                                                      jnp.int32(windows[1]))
       return jax.tree.map(pick, *tables), window
 

@@ -14,7 +14,7 @@ import os
 import re
 from typing import Iterable
 
-from rlpost.tasks import base
+from rlpost.tasks import answer_check, base
 from rlpost.tasks.answer_check import (canonical_answer, extract_answer, extract_boxed,
                                        extract_gsm8k_answer)
 from rlpost.tasks.base import format_prompt  # noqa: F401  (re-exported)
@@ -244,7 +244,6 @@ class _FileTask(base.Task):
         kind = "a file path or a list of them" if cls.name == "math" else "a file path"
         raise ValueError(f"config key 'task_spec': field {split!r} must be {kind}, got "
                          f"{paths!r}")
-    from rlpost.tasks import answer_check
 
     why = answer_check.available(cfg.answer_check)
     if why:
@@ -268,7 +267,6 @@ class _FileTask(base.Task):
     return self.score_batch([completion], [finished], [record])[0]
 
   def score_batch(self, completions, finished, records):
-    from rlpost.tasks import answer_check
 
     return answer_check.check(self.cfg.answer_check, completions,
                               [r["answer"] for r in records])

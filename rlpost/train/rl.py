@@ -471,7 +471,7 @@ def _policy_logp(tr: "Parts") -> Callable:
                                        bin_rows=cfg.pack_bin_rows, entropy=entropy,
                                        logits_chunk=cfg.logits_chunk, remat=cfg.remat)
     return scoring.completion_scores(model, prompts, pmask, tokens, tmask, entropy=entropy,
-                                 logits_chunk=cfg.logits_chunk, remat=cfg.remat)
+                                     logits_chunk=cfg.logits_chunk, remat=cfg.remat)
   return fn
 
 

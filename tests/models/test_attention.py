@@ -247,8 +247,8 @@ def test_blockwise_keeps_no_score_tiles_under_the_remat_scan():
 
     def loss(p):
       logp, _ = scoring.completion_scores(nnx.merge(graphdef, p), jnp.ones((1, 96), jnp.int32),
-                                      jnp.ones((1, 96), bool), jnp.ones((1, 4000), jnp.int32),
-                                      jnp.ones((1, 4000), bool), remat=remat)
+                                          jnp.ones((1, 96), bool), jnp.ones((1, 4000), jnp.int32),
+                                          jnp.ones((1, 4000), bool), remat=remat)
       return jnp.sum(logp)
 
     compiled = jax.jit(jax.grad(loss)).lower(
@@ -329,7 +329,7 @@ def test_model_blockwise_scores_and_gradients_equal_xla():
 
     def loss(p):
       logp, _ = scoring.completion_scores(nnx.merge(graphdef, p), prompts, pmask, comp, cmask,
-                                      remat=remat)
+                                          remat=remat)
       return jnp.sum(logp * weights), logp
     (_, logp), grads = jax.value_and_grad(loss, has_aux=True)(params)
     return logp, grads

@@ -90,7 +90,7 @@ def test_merged_logits_equal_the_adapted_logits():
   # The pure function: without the adapters (the base graph) and with them kept at B = 0.
   merged = lora.merge_params(params, scale=1.0)
   np.testing.assert_allclose(np.asarray(scoring.forward(nnx.merge(nnx.split(base)[0], merged),
-                                                    tokens, mask)), adapted, atol=1e-5)
+                                                        tokens, mask)), adapted, atol=1e-5)
   kept = lora.merge_params(params, scale=1.0, keep_adapters=True)
   np.testing.assert_allclose(np.asarray(scoring.forward(nnx.merge(graphdef, kept), tokens, mask)),
                              adapted, atol=1e-5)

@@ -108,7 +108,7 @@ def test_packed_scores_and_gradients_equal_padded(name, impl, bin_rows):
         def scores(m):
           if num_bins is None:
             return scoring.completion_scores(m, prompts, pmask, comp, cmask, entropy=True,
-                                         remat=remat, logits_chunk=4)
+                                             remat=remat, logits_chunk=4)
           return packing.completion_scores(m, prompts, pmask, comp, cmask, num_bins=num_bins,
                                            bin_rows=bin_rows, entropy=True, remat=remat,
                                            logits_chunk=4)

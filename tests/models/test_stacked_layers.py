@@ -95,7 +95,7 @@ def test_stacked_scores_and_gradients_equal_stored(name):
 
   def loss(model, remat):
     logp, ent = scoring.completion_scores(model, pt, pm, ct, cm, entropy=True, remat=remat,
-                                      logits_chunk=4)
+                                          logits_chunk=4)
     return jnp.sum(logp) + 0.1 * jnp.sum(jnp.where(cm, ent, 0.0))
 
   grad = nnx.jit(nnx.value_and_grad(loss), static_argnums=1)
@@ -131,7 +131,7 @@ def test_stacked_sampler_matches_the_stored_scoring(name):
   out = sampling.Sampler(stacked, cfg)(nnx.state(stacked), toks, mask, jax.random.key(0))
   assert len(np.unique(np.asarray(out.tokens))) > 5
   logp = scoring.completion_logprobs(stored, jnp.asarray(toks), jnp.asarray(mask), out.tokens,
-                                 out.mask)
+                                     out.mask)
   np.testing.assert_allclose(np.asarray(out.policy_logprobs), np.asarray(logp), atol=1e-5)
 
 
