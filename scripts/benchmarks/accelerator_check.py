@@ -253,7 +253,7 @@ def gradient_pass(graphdef, chunk: int):
   loss over ``completion_scores`` with remat and the LM head in chunks."""
   def loss(w, pt, pm, ct, cm, adv):
     logp, _ = scoring.completion_scores(nnx.merge(graphdef, w), pt, pm, ct, cm, logits_chunk=chunk,
-                                    remat=True)
+                                        remat=True)
     return -jnp.sum(logp * adv) / jnp.maximum(jnp.sum(cm), 1)
   return jax.jit(jax.grad(loss))
 
