@@ -88,7 +88,7 @@ FULL_MIN_SEEDS = 2
 
 
 def power_fields() -> dict:
-  """The Sizes fields of a full-size table's power plan: the stated SD, its source and the
+  """The Design fields of a full-size table's power plan: the stated SD, its source and the
   floor of seeds per arm (two: an interval needs a spread)."""
   return dict(pilot_sd=SEED_SD, sd_source=SEED_SD_SOURCE, min_seeds=FULL_MIN_SEEDS)
 

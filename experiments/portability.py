@@ -60,7 +60,7 @@ def _one(steps: int, out_dir: str, name: str) -> dict:
 
   t0 = time.perf_counter()
   start = testbeds.build("b23-sft", log=lambda s: None)
-  sz = ace.sizes(False)
+  sz = ace.design(False)
   arm = dict(ace.base_config(sz), **ace.arms(sz)["grpo"])
   ev = dict(num_problems=sz.eval_problems, num_samples=sz.eval_samples)
   # The rebuilt start, evaluated as the ACE table evaluates its step 0.
@@ -206,7 +206,7 @@ import jax, numpy as np
 from experiments import ace
 from rlpost.train import rl
 t0 = time.perf_counter()
-sz = ace.sizes(False)
+sz = ace.design(False)
 arm = (ace.arm_config(ace.base_config(sz), None, kl_coef=0.0) if hasattr(ace, "arm_config")
        else dict(ace.base_config(sz), **ace.arms(sz)["grpo"]))
 if arm.get("init_params"):

@@ -92,26 +92,29 @@ def testbed_config(d: Design, *, drop: Sequence[str] = (), **extra) -> dict:
   return cfg
 
 
-def experiment(name: str, sizes, design, arms, base_config, *, analyses=None,
+def experiment(name: str, design, arms, base_config, *, analyses=None,
                **kw) -> harness.Experiment:
   """The ``harness.Experiment`` of RL table ``name`` (module ``experiments.<name>``): its config
-  is the fields of ``sizes(quick)`` (a ``design``), its units each arm of ``arms(design)`` over
-  ``base_config(design)`` as a vmapped seed block, then ``analyses(design, arm configs, config)``
-  (units beside the arms, ``sft_analysis``); results.json keeps the arms under "arms" and each
-  analysis under its unit id when there are analyses. ``kw``: the other ``Experiment`` fields."""
+  is the fields of ``design(quick)`` (a ``Design``), its units each arm of ``arms(d)`` over
+  ``base_config(d)`` as a vmapped seed block, then ``analyses(d, arm configs, config)`` (units
+  beside the arms, ``sft_analysis``), ``d`` being the design a config holds; results.json keeps
+  the arms under "arms" and each analysis under its unit id when there are analyses. ``kw``:
+  the other ``Experiment`` fields."""
+  cls = type(design(False))
+
   def units(config: dict) -> dict:
-    d = design.of(config)
+    d = cls.of(config)
     cfgs = arm_configs(base_config(d), arms(d))
     return dict(arm_units(d, cfgs), **(analyses(d, cfgs, config) if analyses else {}))
 
   def collect(config: dict, results: Mapping) -> dict:
-    names = arms(design.of(config))
+    names = arms(cls.of(config))
     return {"arms": {k: v for k, v in results.items() if k in names},
             **{k: v for k, v in results.items() if k not in names}}
 
   if analyses:
     kw.setdefault("collect", collect)
-  return harness.Experiment(name=name, get_config=lambda quick: dataclasses.asdict(sizes(quick)),
+  return harness.Experiment(name=name, get_config=lambda quick: dataclasses.asdict(design(quick)),
                             units=units, module=f"experiments.{name}", **kw)
 
 

@@ -8,7 +8,7 @@ errors (wrong rollouts the policy made more likely than the reference did), (5) 
 collapse.
 
 Command:  python scripts/reproduce.py ace [--quick] [--seeds N] [--out DIR]
-Hardware: 2 CPU cores. Setup (pre-declared in ``Sizes`` before the run): the calibrated testbed
+Hardware: 2 CPU cores. Setup (pre-declared in ``Design`` before the run): the calibrated testbed
 of ``experiments/calibrate.py`` (setting ``b23-lr1e-4-kl0-p64``: 2-3 digit addition, whose
 3-digit problems the SFT policy solves sometimes and whose pass@64 is not saturated, the
 0.4M-parameter character decoder SFT-started on that band, 64 prompts x G=8 per step, 0/1
@@ -55,7 +55,7 @@ SELECTIVITY = ("shift_wrong_p10", "shift_wrong_p50", "shift_wrong_p90",
 
 
 @dataclasses.dataclass(frozen=True)
-class Sizes(rl_table.Design):
+class Design(rl_table.Design):
   """The pre-declared design. Defaults fit ~40 minutes on 2 CPU cores."""
 
   group_size: int = 8
@@ -65,27 +65,27 @@ class Sizes(rl_table.Design):
   main_name: str = ""  # the main arm's name when not the CPU one (full-size runs)
 
 
-def sizes(quick: bool) -> Sizes:
+def design(quick: bool) -> Design:
   if not quick:
-    return Sizes()
+    return Design()
   tiny = dict(rl_seeds.QUICK_BASE, num_prompts=4, sft_steps=400, sft_lr=3e-3,
               task_spec=dict(min_digits=1, max_digits=2, terms=2))
-  return Sizes(seeds=2, steps=3, eval_every=1, window=2, group_size=4, eval_problems=8,
+  return Design(seeds=2, steps=3, eval_every=1, window=2, group_size=4, eval_problems=8,
                eval_samples=8, min_seeds=2, base=tiny)
 
 
-def main_arm(sz: Sizes) -> str:
+def main_arm(sz: Design) -> str:
   return sz.main_name or f"ace-softplus-mul-{sz.main_alpha}"
 
 
-MAIN = main_arm(Sizes())
+MAIN = main_arm(Design())
 
 
 def _cols(ks) -> list[str]:
   return [f"pass@{k}" for k in ks] + ["token_entropy", "overconfident_errors"]
 
 
-def claims(sz: Sizes) -> list[C.Claim]:
+def claims(sz: Design) -> list[C.Claim]:
   """The gate (family "testbed": GRPO's pass@1 over the SFT start, filled in by ``summarize``)
   and the paper's claims about the main arm against GRPO (family "ace"). "Gains grow with k" is
   judged on a per-seed metric, pass@kmax - pass@1 (arms are unpaired; the table says why)."""
@@ -108,7 +108,7 @@ def claims(sz: Sizes) -> list[C.Claim]:
   ]
 
 
-def arms(sz: Sizes) -> dict:
+def arms(sz: Design) -> dict:
   """{arm name: RLConfig overrides}: GRPO, the main ACE arm, then the exploratory alphas; no KL
   in any (the recipes' own is GRPO's 0.04)."""
   alphas = {main_arm(sz): sz.main_alpha,
@@ -118,12 +118,12 @@ def arms(sz: Sizes) -> dict:
              for n, a in alphas.items()}}
 
 
-def base_config(sz: Sizes) -> dict:
+def base_config(sz: Design) -> dict:
   """The testbed at G=``group_size`` with the reference pass every step in every arm."""
   return rl_table.testbed_config(sz, group_size=sz.group_size, log_confidence=True)
 
 
-def per_seed(results: dict, sz: Sizes) -> dict:
+def per_seed(results: dict, sz: Design) -> dict:
   """{metric: {arm: [S] per-seed values}}: the pre-declared metrics (pass@k and token entropy
   over the last ``window`` evaluations, overconfident errors and the selectivity diagnostics
   over the second half of training, and the derived pass@kmax - pass@1)."""
@@ -136,7 +136,7 @@ def per_seed(results: dict, sz: Sizes) -> dict:
 
 
 def summarize(report: dict) -> dict:
-  results, sz = report["data"], Sizes.of(report["config"])
+  results, sz = report["data"], Design.of(report["config"])
   ks = sz.ks()
   cols, values = _cols(ks), per_seed(results, sz)
   cells, gain = rl_table.cells(values, cols, sz.base_arm, results)
@@ -156,7 +156,7 @@ def summarize(report: dict) -> dict:
 
 
 def render(report: dict) -> str:
-  s, sz = report["summary"], Sizes.of(report["config"])
+  s, sz = report["summary"], Design.of(report["config"])
   ks, cols, paper = s["ks"], _cols(s["ks"]), rl_table.family(s, "ace")
   kmax, head = max(ks), [*(f"pass@{k}" for k in ks), "token entropy"]
   start = ", ".join(f"pass@{k} {s['start'][f'pass@{k}']:.3f}" for k in ks)
@@ -234,7 +234,7 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
                            "confidence diagnostics; run them with log_confidence=true")
   cfg = found[main]["config"]
   sz = rl_table.full_design(
-      Sizes, found, cfg, group_size=cfg["group_size"], main_alpha=full.MAIN_ALPHA,
+      Design, found, cfg, group_size=cfg["group_size"], main_alpha=full.MAIN_ALPHA,
       base_arm="dapo", main_name=main,
       setting=f"full size (experiments/ace/full.py: {cfg['task']}, {cfg['num_prompts']} prompts "
               f"per step, lr {cfg['lr']:g}, DAPO base)")
@@ -243,7 +243,7 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
 
 
 EXPERIMENT = rl_table.experiment(
-    "ace", sizes, Sizes, arms, base_config, summarize=summarize, render=render, plot=plot,
+    "ace", design, arms, base_config, summarize=summarize, render=render, plot=plot,
     full=from_full_runs,
     # a replication: the committed design's main arms (GRPO and the main ACE arm), fresh seeds
     replicate=lambda c, n, o: dict(c, seeds=n, seed_offset=o, exploratory_alphas=[]))

@@ -10,7 +10,7 @@ cumulative-advantage bias (a sanity check by algebra) and how many all-wrong pro
 stage rescues.
 
 Command:  python scripts/reproduce.py dars [--quick] [--seeds N] [--out DIR]
-Hardware: 2 CPU cores. Setup (pre-declared in ``Sizes`` before the run): the calibrated testbed
+Hardware: 2 CPU cores. Setup (pre-declared in ``Design`` before the run): the calibrated testbed
 of ``experiments/calibrate.py`` (setting ``b23-lr1e-4-kl0-p64``: 2-3 digit addition, whose
 3-digit problems the SFT policy solves sometimes, the 0.4M-parameter character decoder
 started from the pinned SFT policy ``experiments/testbeds/b23-sft``, 64 prompts per step, 0/1
@@ -69,7 +69,7 @@ STAGE2 = ("dars_all_wrong_stage1", "dars_rescued", "dars_extra_rollouts", "dars_
 
 
 @dataclasses.dataclass(frozen=True)
-class Sizes(rl_table.Design):
+class Design(rl_table.Design):
   """The pre-declared design. Defaults fit ~60 minutes on 2 CPU cores."""
 
   num_prompts: int = 64
@@ -81,17 +81,17 @@ class Sizes(rl_table.Design):
   min_effect: float = 0.02  # every claim's SESOI, also the bound of the "no gain" claim
 
 
-def sizes(quick: bool) -> Sizes:
+def design(quick: bool) -> Design:
   if not quick:
-    return Sizes()
+    return Design()
   tiny = dict(rl_seeds.QUICK_BASE, sft_steps=400, sft_lr=3e-3,
               task_spec=dict(min_digits=1, max_digits=2, terms=2))
-  return Sizes(seeds=2, steps=4, num_prompts=4, n=4, n_max=8, breadth=2, eval_every=2,
+  return Design(seeds=2, steps=4, num_prompts=4, n=4, n_max=8, breadth=2, eval_every=2,
                window=2, eval_problems=8, eval_samples=8, hardest=2, curve_prompts=16,
                min_seeds=2, base=tiny)
 
 
-def claims(sz: Sizes) -> list[C.Claim]:
+def claims(sz: Design) -> list[C.Claim]:
   """The gate (family "testbed": the base's pass@1 over the SFT start, filled in by
   ``summarize``) and the paper's claims about trained arms (family "dars"), each with the
   smallest effect of interest ``min_effect`` (pass@k units)."""
@@ -115,7 +115,7 @@ def claims(sz: Sizes) -> list[C.Claim]:
           *(C.Claim(*c, family="dars", sesoi=sz.min_effect) for c in paper)]
 
 
-def arms(sz: Sizes) -> dict:
+def arms(sz: Design) -> dict:
   """{arm name: RLConfig overrides}."""
   p, n, b = sz.num_prompts, sz.n, sz.breadth
   # The GRPO arms run DARS's objective with plain allocation, as the paper's baselines.
@@ -134,11 +134,11 @@ def arms(sz: Sizes) -> dict:
   }
 
 
-def base_config(sz: Sizes) -> dict:
+def base_config(sz: Design) -> dict:
   return rl_table.testbed_config(sz, drop=("recipe_args",))
 
 
-def cumulative_advantage_curve(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0) -> dict:
+def cumulative_advantage_curve(trainer: rl.Trainer, sz: Design, *, seed: int = 0) -> dict:
   """Sum of |A_i| over a group against the group's accuracy, on the SFT policy.
 
   ``curve_prompts`` training prompts x N rollouts, scored with GRPO's advantage (mean and std)
@@ -161,14 +161,14 @@ def cumulative_advantage_curve(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0)
   return out
 
 
-def curve_unit(sz: Sizes, cfgs: dict, config: dict) -> dict:
+def curve_unit(sz: Design, cfgs: dict, config: dict) -> dict:
   return rl_table.sft_analysis("curve", cfgs[f"grpo-n{sz.n}"],
                                {"n": sz.n, "prompts": sz.curve_prompts},
                                lambda trainer: cumulative_advantage_curve(trainer, sz))
 
 
 def summarize(report: dict) -> dict:
-  sz = Sizes(**report["config"])
+  sz = Design(**report["config"])
   results, curve = report["data"]["arms"], report["data"].get("curve")
   ks, base = sz.ks(KS), f"grpo-n{sz.n}"
   first = results[base]["evals"][0]["per_seed"][0]
@@ -204,13 +204,15 @@ def summarize(report: dict) -> dict:
 
 
 def render(report: dict) -> str:
-  s, curve, sz = report["summary"], report["data"].get("curve"), Sizes(**report["config"])
+  s, curve, sz = report["summary"], report["data"].get("curve"), Design(**report["config"])
   ks, keys, base = s["ks"], s["keys"], f"grpo-n{sz.n}"
   setting = sz.setting or (f"{sz.steps} RL steps (breadth arms: {sz.steps // sz.breadth} steps "
                            f"of {sz.breadth}x the prompts), "
                            + rl_table.setting(sz, base_config(sz)))
   head = [k.replace(f"/d{sz.hardest}", f" ({sz.hardest}-digit)") for k in keys]
   paper, nan = rl_table.family(s, "dars"), float("nan")
+  # runs from before the truncation metric existed have no column for it
+  cut = any("dars_truncated_fraction" in r for r in s["stage2"].values())
   lines = [
       rl_table.title(report, "DARS / DARS-B"), "",
       rl_table.header(report, sz, s, f"{setting}, DARS objective",
@@ -227,10 +229,12 @@ def render(report: dict) -> str:
       "orthogonal (additive) dimensions give.", "", "## Stage 2 (mean per step)", "",
       *rl_table.md_table(
           ["arm", "stage-1 all-wrong prompts", "rescued (>= 1 correct in stage 2)",
-           "stage-2 rows used", "share of the budget used", "share of the demand truncated"],
+           "stage-2 rows used", "share of the budget used", "share of the demand truncated"
+           ][:5 + cut],
           [[n, f"{r['dars_all_wrong_stage1']:.2f}", f"{r['dars_rescued']:.2f}",
             f"{r['dars_extra_rollouts']:.1f}", f"{r.get('dars_budget_used', nan):.3f}",
-            f"{r.get('dars_truncated_fraction', nan):.3f}"] for n, r in s["stage2"].items()])]
+            f"{r.get('dars_truncated_fraction', nan):.3f}"][:5 + cut]
+           for n, r in s["stage2"].items()])]
   stored = [rl.RLConfig.upgrade(dict(r["config"])) for r in report["data"]["arms"].values()]
   args = [c["allocation_args"] for c in stored if c.get("allocation") in ("dars", "dars_b")]
   budgets, chunks = {a.get("budget", 0) for a in args}, {a.get("chunk", 0) for a in args}
@@ -269,7 +273,7 @@ def render(report: dict) -> str:
 
 def plot(report: dict, out_dir: str) -> list[str]:
   s, curve, sz, plt = (report["summary"], report["data"].get("curve"),
-                       Sizes(**report["config"]), rl_table.pyplot())
+                       Design(**report["config"]), rl_table.pyplot())
   panels = [("", "all problems")] + ([(f"/d{sz.hardest}", f"{sz.hardest}-digit problems")]
                                      if f"pass@1/d{sz.hardest}" in s["keys"] else [])
   fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.4), squeeze=False)
@@ -311,7 +315,7 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   base, wide = found["grpo-n8"]["config"], found["dars-b-et"]["config"]
   seeds = {n: len(found[n]["seeds"]) for n in FULL_ARMS}
   sz = rl_table.full_design(
-      Sizes, found, base, num_prompts=base["num_prompts"], n=base["group_size"],
+      Design, found, base, num_prompts=base["num_prompts"], n=base["group_size"],
       n_max=found["grpo-n16"]["config"]["group_size"],
       breadth=max(1, wide["num_prompts"] // base["num_prompts"]),
       setting=f"full size (experiments/dars/full.py: {base['task']}, {base['steps']} steps of "
@@ -322,7 +326,7 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
 
 
 EXPERIMENT = rl_table.experiment(
-    "dars", sizes, Sizes, arms, base_config, analyses=curve_unit, summarize=summarize,
+    "dars", design, arms, base_config, analyses=curve_unit, summarize=summarize,
     render=render, plot=plot, full=from_full_runs,
     # a replication: every arm of the committed design (each enters a claim) at fresh seeds
     replicate=lambda c, n, o: dict(c, seeds=n, seed_offset=o))

@@ -9,7 +9,7 @@ dropped); (5) the mechanism: small-group mean baselines give advantages of the w
 median fewer.
 
 Command:  python scripts/reproduce.py mc_grpo [--quick] [--seeds N] [--out DIR]
-Hardware: 2 CPU cores. Setup (pre-declared in ``Sizes`` before the run): the calibrated testbed
+Hardware: 2 CPU cores. Setup (pre-declared in ``Design`` before the run): the calibrated testbed
 of ``experiments/calibrate.py`` (setting ``b23-lr1e-4-kl0-p64``: 2-3 digit addition, the
 0.4M-parameter character decoder SFT-started on that band, 64 prompts per step, AdamW lr 1e-4,
 no KL, 100 steps) with the **graded** reward (the one under which a baseline can give an
@@ -20,9 +20,9 @@ which that trainer applies with the median), the official ablation (mean and std
 smallest |r| dropped: under 0/1 rewards always a failure when the group has one, so it is a
 success-biased sample, not a neutral control) and the unbiased control (mean and std over G+1,
 a uniformly random rollout dropped). Seeds of an arm run as one vmapped program
-(``experiments/rl_seeds.py``). Secondary table (``Sizes.binary_secondary``): the same five arms,
+(``experiments/rl_seeds.py``). Secondary table (``Design.binary_secondary``): the same five arms,
 recipes (the rescale included), seeds and claims on the 0/1 reward, with their own gate and Holm
-families (claim ids ending in "_01"). Other bases (``Sizes.bases``): the mean and median
+families (claim ids ending in "_01"). Other bases (``Design.bases``): the mean and median
 baselines at G=2 over DAPO and over Dr.GRPO (graded reward, no KL, the median arms rescaled), for
 the paper's "orthogonal to the base" claim, each base's own mean arm gated on learning.
 
@@ -72,7 +72,7 @@ GAP_MARGIN = 0.01  # the paper's "within 1%"
 
 
 @dataclasses.dataclass(frozen=True)
-class Sizes(rl_table.Design):
+class Design(rl_table.Design):
   """The pre-declared design. Defaults on 2 CPU cores: ~18 minutes per table of five arms (the
   graded table and the 0/1 secondary), ~14 for the four arms over other bases: ~50 minutes."""
 
@@ -92,41 +92,41 @@ class Sizes(rl_table.Design):
   primary_reward: str = "graded"
 
 
-def primary_family(sz: Sizes) -> str:
+def primary_family(sz: Design) -> str:
   return "mc_grpo_01" if sz.primary_reward == "binary" else "mc_grpo"
 
 
-def sizes(quick: bool) -> Sizes:
+def design(quick: bool) -> Design:
   if not quick:
-    return Sizes()
+    return Design()
   # An SFT start that solves some problems (as the learning fixture of tests/rl_testutil.py),
   # so that the sign-flip analysis has rewards that differ from their prompt's reference.
   tiny = dict(rl_seeds.QUICK_BASE, num_prompts=4, eval_batch=32, sft_steps=400, sft_lr=3e-3,
               task_spec=dict(min_digits=1, max_digits=2, terms=2))
-  return Sizes(seeds=2, steps=3, eval_every=1, window=2, eval_problems=8, eval_samples=4,
+  return Design(seeds=2, steps=3, eval_every=1, window=2, eval_problems=8, eval_samples=4,
                large_g=4, min_seeds=2, flip_prompts=8, flip_reference=8, flip_pool=12,
                base=tiny)
 
 
-def base_config(sz: Sizes, *, graded: bool = True) -> dict:
+def base_config(sz: Design, *, graded: bool = True) -> dict:
   """The testbed's RLConfig dict: graded reward (the primary table) or 0/1 (the secondary)."""
   return rl_table.testbed_config(sz, graded_reward=graded)
 
 
-def arm_names(sz: Sizes, prefix: str = "") -> dict:
+def arm_names(sz: Design, prefix: str = "") -> dict:
   """{arm name: (G, baseline)}: the G=8 target, then every baseline at G=2; ``prefix``
   ``BINARY`` names the secondary table's arms."""
   return {f"{prefix}G{sz.large_g}-mean": (sz.large_g, "mean"),
           **{f"{prefix}G{sz.small_g}-{bl}": (sz.small_g, bl) for bl in BASELINES}}
 
 
-def base_arm_names(sz: Sizes) -> dict:
+def base_arm_names(sz: Design) -> dict:
   """{arm name: (base recipe, baseline)}: the mean and median baselines at G=small_g over each
   of ``sz.bases``."""
   return {f"{b}-G{sz.small_g}-{bl}": (b, bl) for b in sz.bases for bl in ("mean", "median")}
 
 
-def arms(sz: Sizes) -> dict:
+def arms(sz: Design) -> dict:
   """{arm name: RLConfig overrides over the graded testbed}: the primary arms, the same recipes
   on the 0/1 reward (the secondary table), the mean and median over the other bases; no KL."""
   kw = dict(kl_coef=0.0, rescale=True)
@@ -139,7 +139,7 @@ def arms(sz: Sizes) -> dict:
   return out
 
 
-def claims(sz: Sizes, prefix: str = "") -> list[C.Claim]:
+def claims(sz: Design, prefix: str = "") -> list[C.Claim]:
   """The testbed gate (family "testbed"; one-sample claims about the gain over the SFT start,
   filled in by ``summarize``) and the paper's claims about trained arms (family "mc_grpo").
   ``prefix`` ``BINARY``, or a primary table on a two-valued reward (``primary_reward``
@@ -163,7 +163,7 @@ def claims(sz: Sizes, prefix: str = "") -> list[C.Claim]:
         for cid, what, bl in beats)]
 
 
-def base_claims(sz: Sizes) -> list[C.Claim]:
+def base_claims(sz: Design) -> list[C.Claim]:
   """The paper's "orthogonal to the base" claim, one per base (family "mc_grpo_bases"), gated
   on each base's mean arm gaining over the SFT start (family "testbed")."""
   g0 = sz.small_g
@@ -174,7 +174,7 @@ def base_claims(sz: Sizes) -> list[C.Claim]:
                     family="mc_grpo_bases", sesoi=sz.min_effect) for b in sz.bases)]
 
 
-def rate_claim(sz: Sizes) -> C.Claim:
+def rate_claim(sz: Design) -> C.Claim:
   """The mechanism claim, about opposite-sign rates pooled over rollouts (not over seeds)."""
   return C.Claim("median_fewer_sign_flips",
                  "the median gives fewer opposite-sign advantages (graded reward)",
@@ -182,7 +182,7 @@ def rate_claim(sz: Sizes) -> C.Claim:
                  (f"median G={sz.small_g}", f"mean G={sz.small_g}"), "less")
 
 
-def subtables(sz: Sizes) -> list[rl_table.Subtable]:
+def subtables(sz: Design) -> list[rl_table.Subtable]:
   """The gated sub-tables: the primary table, then the 0/1 secondary and the other bases where
   the design runs them (their summaries under "binary" and "bases")."""
   def rows(prefix=""):
@@ -217,7 +217,7 @@ FLIP_RECIPES = {"mean": ("grpo", {}, 0), "median": ("mc_grpo", {}, 1),
                 "mean_random": ("mc_grpo", {"baseline": "mean_random"}, 1)}
 
 
-def sign_flip_rates(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0) -> dict:
+def sign_flip_rates(trainer: rl.Trainer, sz: Design, *, seed: int = 0) -> dict:
   """Opposite-sign, zeroed and correct-sign advantage rates of small-group baselines on the
   SFT policy (``O.fresh_group_sign_flips``).
 
@@ -251,7 +251,7 @@ def sign_flip_rates(trainer: rl.Trainer, sz: Sizes, *, seed: int = 0) -> dict:
   return out
 
 
-def sign_flip_unit(sz: Sizes, cfgs: dict, config: dict) -> dict:
+def sign_flip_unit(sz: Design, cfgs: dict, config: dict) -> dict:
   return rl_table.sft_analysis("sign_flips", cfgs[f"G{sz.small_g}-mean"],
                                {"sizes": config, "design": "fresh groups"},
                                lambda trainer: sign_flip_rates(trainer, sz))
@@ -265,7 +265,7 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   if prefix not in ("math-", "gsm8k-"):
     raise runs.RunsError(f"mc_grpo --full: --prefix must be 'math-' or 'gsm8k-' (one dataset "
                          f"per table), got {prefix!r}")
-  sz = Sizes(binary_secondary=False, bases=())
+  sz = Design(binary_secondary=False, bases=())
   wanted = [prefix + n for n in arm_names(sz)]
   found = {k[len(prefix):]: v for k, v in rl_table.full_runs(
       "mc_grpo", runs_dir, full.FULL, wanted, wanted).items()}
@@ -292,7 +292,7 @@ def _flips(report: dict) -> dict | None:
           for k, r in report["data"]["sign_flips"].items()}
 
 
-def _judge_table(results: dict, sz: Sizes, prefix: str = "") -> dict:
+def _judge_table(results: dict, sz: Design, prefix: str = "") -> dict:
   """One table's cells, differences, gap fraction and gated verdicts, over the arms of
   ``arm_names(sz, prefix)``."""
   names = arm_names(sz, prefix)
@@ -309,7 +309,7 @@ def _judge_table(results: dict, sz: Sizes, prefix: str = "") -> dict:
 
 
 def summarize(report: dict) -> dict:
-  results, flips, sz = report["data"]["arms"], _flips(report), Sizes.of(report["config"])
+  results, flips, sz = report["data"]["arms"], _flips(report), Design.of(report["config"])
   s = _judge_table(results, sz)
   s["seeds_from_power"] = sz.from_power()
   s["binary"] = _judge_table(results, sz, BINARY) if sz.binary_secondary else None
@@ -330,7 +330,7 @@ def summarize(report: dict) -> dict:
 
 
 def render(report: dict) -> str:
-  s, flips, sz = report["summary"], _flips(report), Sizes.of(report["config"])
+  s, flips, sz = report["summary"], _flips(report), Design.of(report["config"])
   g0, g1, subs = sz.small_g, sz.large_g, subtables(sz)
   tables = [(sub.label, sub.of(s)) for sub in subs if sub.key != "bases" and sub.of(s)]
   lines = [
@@ -382,7 +382,7 @@ def render(report: dict) -> str:
 
 
 def plot(report: dict, out_dir: str) -> list[str]:
-  results, flips, sz = report["data"]["arms"], _flips(report), Sizes.of(report["config"])
+  results, flips, sz = report["data"]["arms"], _flips(report), Design.of(report["config"])
   plt = rl_table.pyplot()
   fig, ax = plt.subplots(figsize=(6, 3.6))
   for prefix, style, reward in [("", "-", "graded")] + (
@@ -410,7 +410,7 @@ def plot(report: dict, out_dir: str) -> list[str]:
 
 
 EXPERIMENT = rl_table.experiment(
-    "mc_grpo", sizes, Sizes, arms, base_config, analyses=sign_flip_unit,
+    "mc_grpo", design, arms, base_config, analyses=sign_flip_unit,
     summarize=summarize, render=render, plot=plot, full=from_full_runs,
     # a replication: the primary (graded-reward) table's arms at fresh seeds; the exploratory
     # 0/1 and other-base tables are left out

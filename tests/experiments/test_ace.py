@@ -10,14 +10,14 @@ from scripts import reproduce
 
 
 def test_arms_and_configs():
-  sz = ace.Sizes()
+  sz = ace.Design()
   spec = ace.arms(sz)
   assert list(spec) == ["grpo", ace.MAIN]
   assert spec["grpo"] == {"recipe": "grpo", "recipe_args": {"kl_coef": 0.0}}
   cfg = ace.units(ace.get_config(False))[ace.MAIN].spec["arm"]
   assert cfg["recipe"] == "ace" and cfg["recipe_args"] == {"alpha": 0.5, "kl_coef": 0.0}
   assert cfg == dict(ace.base_config(sz), **spec[ace.MAIN])
-  assert list(ace.arms(ace.Sizes(exploratory_alphas=(2.0,))))[-1] == "ace-softplus-mul-2.0"
+  assert list(ace.arms(ace.Design(exploratory_alphas=(2.0,))))[-1] == "ace-softplus-mul-2.0"
   # the pre-declared design: the calibrated testbed, no KL, the reference pass in both arms
   base = ace.base_config(sz)
   assert base["log_confidence"] and base["num_prompts"] == 64 and base["steps"] == 100
@@ -64,7 +64,7 @@ def test_reproduce_ace_quick(tmp_path):
 
 
 def test_gain_growth_is_a_per_seed_difference():
-  sz = ace.Sizes(eval_samples=8)
+  sz = ace.Design(eval_samples=8)
   keys = [f"pass@{k}" for k in (1, 2, 4, 8)] + ["token_entropy"]
 
   def arm(p1, p8):
@@ -87,7 +87,7 @@ def test_replication_design_runs_the_main_arms_at_fresh_seeds_from_the_pin():
   committed = ace.get_config(False)
   config = ace.EXPERIMENT.replicate(dict(committed, exploratory_alphas=[0.25]), 4, 1000)
   units = ace.units(config)
-  assert set(units) == {"grpo", ace.main_arm(ace.sizes(False))}
+  assert set(units) == {"grpo", ace.main_arm(ace.design(False))}
   for u in units.values():
     assert u.spec["seeds"] == [1000, 1001, 1002, 1003]
     assert u.spec["arm"]["init_params"] == testbeds.start("b23-sft")["init_params"]

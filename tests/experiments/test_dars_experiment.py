@@ -14,7 +14,7 @@ from scripts import reproduce
 
 
 def test_arms_sample_matched_rollouts_and_never_truncate():
-  sz = dars.Sizes()
+  sz = dars.Design()
   cfgs = rl_table.arm_configs(dars.base_config(sz), dars.arms(sz))
 
   def sampled(name):

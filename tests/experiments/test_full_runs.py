@@ -313,5 +313,5 @@ def test_a_run_without_identity_is_digested_from_its_files_or_refused(tmp_path):
 def test_dars_full_docs_state_its_power_plan():
   from experiments import full_size
 
-  need = harness.power_plan(dict(full_size.power_fields(), min_effect=dars.Sizes().min_effect))
+  need = harness.power_plan(dict(full_size.power_fields(), min_effect=dars.Design().min_effect))
   assert f"{need} at the stated SD {full_size.SEED_SD}" in " ".join(dars_full.__doc__.split())

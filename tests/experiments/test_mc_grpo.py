@@ -19,7 +19,7 @@ def test_vmapped_seeds_match_single_runs(tmp_path):
   (batched kernels sum in another order), so the contract is a tolerance, checked on steps
   that moved: rewards within one rollout's reward, gradient norms to 1e-3 relative, and after
   two steps each seed's parameters within 1% of how far they moved."""
-  sz = mc_grpo.sizes(quick=True)
+  sz = mc_grpo.design(quick=True)
   dirs = dict(data_dir=str(tmp_path / "data"), cache_dir=str(tmp_path / "cache"))
   fixture = learning_config(dirs)
   base = dict(mc_grpo.base_config(sz), **{k: fixture[k] for k in (
@@ -69,7 +69,7 @@ def test_arm_configs():
     arm_config(base, 2, "mean_drop", recipe="dapo")
   med = arm_config(base, 2, "median", kl_coef=0.0, rescale=True, recipe="dapo")
   assert med["recipe_args"] == {"kl_coef": 0.0, "base": "dapo", "rescale": True}
-  sz = mc_grpo.Sizes()
+  sz = mc_grpo.Design()
   # the pre-declared design: the calibrated testbed with the graded reward, seeds from power
   cfg = mc_grpo.base_config(sz)
   assert cfg["graded_reward"] and cfg["num_prompts"] == 64 and cfg["lr"] == 1e-4
@@ -101,7 +101,7 @@ def test_reproduce_mc_grpo_quick(tmp_path, monkeypatch):
   res = json.loads((out / "results.json").read_text())
   assert res["command"] == "python scripts/reproduce.py mc_grpo --quick"
   summary = res["summary"]
-  sz = mc_grpo.sizes(True)
+  sz = mc_grpo.design(True)
   assert set(summary["verdicts"]) == {c.id for c in mc_grpo.claims(sz)} | {
       c.id for c in mc_grpo.claims(sz, mc_grpo.BINARY)} | {
       c.id for c in mc_grpo.base_claims(sz)} | {"median_fewer_sign_flips"}

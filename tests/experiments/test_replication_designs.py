@@ -89,6 +89,6 @@ def test_mc_grpo_replication_runs_the_primary_table_at_fresh_seeds_from_the_pin(
   arms, seeds = _seeds_and_starts(mc_grpo.units(mc_grpo.EXPERIMENT.replicate(committed, 3, 1000)))
   committed_arms, _ = _seeds_and_starts(mc_grpo.units(committed))
   # The exploratory 0/1-reward and other-base arms are left out; the primary arms all run.
-  assert set(arms) == set(mc_grpo.arm_names(mc_grpo.Sizes.of(committed)))
+  assert set(arms) == set(mc_grpo.arm_names(mc_grpo.Design.of(committed)))
   assert set(arms) < set(committed_arms) and seeds == {1000, 1001, 1002}
   assert harness.testbeds_in(list(arms.values())) == [testbeds.PINNED["b23-sft"]]
