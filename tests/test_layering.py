@@ -191,3 +191,31 @@ def test_floors(graph, importer, imported):
 def test_no_import_cycle(graph, package):
   found = {c for c in cycles(graph) if any(_within(m, package) for m in c)}
   assert not found, "import circles:\n" + "\n".join(" <-> ".join(sorted(c)) for c in found)
+
+
+def _unspelled_imports(path: pathlib.Path) -> list[int]:
+  """Lines of ``path`` calling ``import_module`` on a name the call does not spell (neither a
+  literal nor an f-string): an edge the graph cannot see."""
+  lines = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Call) and node.args:
+      func = node.func
+      called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+      if called == "import_module" and not isinstance(node.args[0], (ast.Constant, ast.JoinedStr)):
+        lines.append(node.lineno)
+  return lines
+
+
+def test_library_imports_spell_their_modules(tmp_path):
+  _write(tmp_path, {"a.py": "import importlib\nfor m in 'xy':\n  importlib.import_module(m)\n"})
+  assert _unspelled_imports(tmp_path / "a.py") == [3]
+  hits = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "rlpost").rglob("*.py"))
+          for n in _unspelled_imports(p)]
+  assert not hits, "import_module on a computed name:\n" + "\n".join(hits)
+
+
+def test_tasks_catalog_is_the_top_of_the_tasks_package(graph):
+  builtin = {"rlpost.tasks.arithmetic", "rlpost.tasks.countdown", "rlpost.tasks.math_data"}
+  assert builtin <= graph["rlpost.tasks.catalog"]
+  below = [m for m in graph if _within(m, "rlpost.tasks") and m != "rlpost.tasks.catalog"]
+  assert not [m for m in below if "rlpost.tasks.catalog" in graph[m]]

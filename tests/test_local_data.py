@@ -3,7 +3,7 @@
 import logging
 
 from rlpost.dynamics import data as dynamics_data
-from rlpost.tasks import builders
+from rlpost.tasks import catalog
 
 
 def _chatter(records) -> list[str]:
@@ -14,9 +14,9 @@ def test_task_data_builds_with_one_line_and_reuses_silently(tmp_path, capfd, cap
   caplog.set_level(logging.DEBUG)
   lines = []
   kw = dict(spec={"max_digits": 2}, num_train=2000, num_test=50, data_dir=str(tmp_path))
-  first = builders.build("arithmetic", log=lines.append, **kw)
+  first = catalog.build("arithmetic", log=lines.append, **kw)
   assert lines == [f"building arithmetic data (2,000 train / 50 test) in {tmp_path} ..."]
-  again = builders.build("arithmetic", log=lines.append, **kw)  # read back: nothing to say
+  again = catalog.build("arithmetic", log=lines.append, **kw)  # read back: nothing to say
   assert len(lines) == 1 and again == first
   out, err = capfd.readouterr()
   assert out == "" and err == "", (out, err)  # no "Downloading and preparing dataset ..."
@@ -25,7 +25,7 @@ def test_task_data_builds_with_one_line_and_reuses_silently(tmp_path, capfd, cap
 
 def test_home_directory_is_written_as_tilde(monkeypatch, tmp_path, capfd, caplog):
   monkeypatch.setenv("HOME", str(tmp_path))
-  builders.build("countdown", num_train=20, num_test=5, data_dir=str(tmp_path / "tfds"))
+  catalog.build("countdown", num_train=20, num_test=5, data_dir=str(tmp_path / "tfds"))
   out, err = capfd.readouterr()
   assert out == "building countdown data (20 train / 5 test) in ~/tfds ...\n" and err == ""
   assert not _chatter(caplog.records)

@@ -1,7 +1,8 @@
 """The ``Task`` interface of the RL trainer, its registry, and task arrays on device.
 
 A task is a set of records per split and a verifier. The trainer never names a task: it asks
-the registry for ``get_task(cfg.task)`` and uses only this interface.
+the task catalog for ``catalog.get_task(cfg.task)`` (``rlpost.tasks.catalog``) and uses only
+this interface.
 
 Records are dicts with at least ``prompt`` (text), ``answer`` (text) and ``difficulty`` (int:
 the band per-difficulty metrics are reported by); tasks that warm-start the built-in character
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import importlib
 import typing
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -116,7 +116,6 @@ class Task(abc.ABC):
 
 
 _REGISTRY: dict[str, type[Task]] = {}
-_BUILTIN = ("rlpost.tasks.arithmetic", "rlpost.tasks.countdown", "rlpost.tasks.math_data")
 
 
 def register_task(task: type[Task]) -> type[Task]:
@@ -135,23 +134,10 @@ def register_task(task: type[Task]) -> type[Task]:
   return task
 
 
-def _load_builtin() -> None:
-  for module in _BUILTIN:
-    importlib.import_module(module)
-
-
-def list_tasks() -> tuple[str, ...]:
-  """Registered task names, sorted."""
-  _load_builtin()
-  return tuple(sorted(_REGISTRY))
-
-
-def get_task(name: str) -> type[Task]:
-  """The task class registered as ``name``; ValueError listing the known ones."""
-  _load_builtin()
-  if name not in _REGISTRY:
-    raise ValueError(f"unknown task {name!r}; known: {list(list_tasks())}")
-  return _REGISTRY[name]
+def registered() -> dict[str, type[Task]]:
+  """{name: task class} of the tasks registered so far (``rlpost.tasks.catalog`` imports the
+  built-in ones first and looks names up)."""
+  return dict(_REGISTRY)
 
 
 def format_prompt(template: str, question: str) -> str:

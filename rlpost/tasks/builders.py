@@ -3,12 +3,13 @@ writes each one's records as array_record (no TensorFlow).
 
 A synthetic task is a registered ``SyntheticTask`` subclass that names its own generator
 (``generate``) and spec dataclass (``spec_class``); the task registry (``rlpost.tasks.base``) is
-the only list of them, and ``build`` makes each task's tfds builder from its class. Each task is
-generated locally and deterministically from its config (sizes, difficulty range, seed); the
-config is encoded in the builder config's name, so a dataset is built once per config and reused
-from ``data_dir`` afterwards. Records are read back with ``as_data_source`` (random
-access over array_record; no ``tfds.load``, which would need TensorFlow). Building logs one line
-(``rlpost.local_data``), none of tfds's download messages.
+the only list of them, and ``build_task`` makes each task's tfds builder from its class
+(``rlpost.tasks.catalog.build`` by name). Each task is generated locally and deterministically
+from its config (sizes, difficulty range, seed); the config is encoded in the builder config's
+name, so a dataset is built once per config and reused from ``data_dir`` afterwards. Records
+are read back with ``as_data_source`` (random access over array_record; no ``tfds.load``,
+which would need TensorFlow). Building logs one line (``rlpost.local_data``), none of tfds's
+download messages.
 
 Every record: ``prompt`` (text), ``answer`` (text), ``demo`` (a worked solution, text),
 ``difficulty`` (int32).
@@ -114,8 +115,8 @@ class SyntheticTask(base.Task):
 
   def load(self, log: Callable[[str], None]) -> dict[str, list[dict]]:
     c = self.cfg
-    return _build(type(self), spec=c.task_spec, num_train=c.num_train, num_test=c.num_test,
-                  seed=c.data_seed, data_dir=c.data_dir, log=log)
+    return build_task(type(self), spec=c.task_spec, num_train=c.num_train,
+                      num_test=c.num_test, seed=c.data_seed, data_dir=c.data_dir, log=log)
 
 
 @functools.cache
@@ -133,30 +134,16 @@ def _builder_class(task: type[SyntheticTask]) -> type[_SyntheticBuilder]:
                          {"skip_registration": True}, body)
 
 
-def synthetic_tasks() -> tuple[str, ...]:
-  """The names of the registered synthetic tasks, sorted."""
-  return tuple(n for n in base.list_tasks() if issubclass(base.get_task(n), SyntheticTask))
-
-
 def config_name(spec: dict, num_train: int, num_test: int, seed: int) -> str:
   parts = [f"{k}{int(v) if isinstance(v, bool) else v}" for k, v in sorted(spec.items())]
   return "_".join(parts + [f"n{num_train}-{num_test}", f"s{seed}"]).replace(".", "p")
 
 
-def build(task: str, *, spec: dict | None = None, num_train: int = 10000, num_test: int = 1000,
-          seed: int = 0, data_dir: str | None = None, log: Callable[[str], None] = print
-          ) -> dict[str, list[dict]]:
-  """Build (once) and read the synthetic task registered as ``task``: {"train": [...], "test":
-  [...]} of record dicts; building logs one line through ``log``."""
-  known = synthetic_tasks()
-  if task not in known:
-    raise ValueError(f"unknown task {task!r}; known: {list(known)}")
-  return _build(base.get_task(task), spec=spec, num_train=num_train, num_test=num_test,
-                seed=seed, data_dir=data_dir, log=log)
-
-
-def _build(task: type[SyntheticTask], *, spec: dict | None, num_train: int, num_test: int,
-           seed: int, data_dir: str | None, log: Callable[[str], None]) -> dict[str, list[dict]]:
+def build_task(task: type[SyntheticTask], *, spec: dict | None = None, num_train: int = 10000,
+               num_test: int = 1000, seed: int = 0, data_dir: str | None = None,
+               log: Callable[[str], None] = print) -> dict[str, list[dict]]:
+  """Build (once) and read synthetic task class ``task``: {"train": [...], "test": [...]} of
+  record dicts; building logs one line through ``log``. By name: ``catalog.build``."""
   name, spec = task.name, dict(spec or {})
   if task.spec_class is not None:
     fields = {f.name for f in dataclasses.fields(task.spec_class)}

@@ -101,9 +101,9 @@ def of_config(cfg: Any) -> dict:
     except OSError as e:
       raise OSError(f"config key 'policy': cannot read {e.filename or policy} "
                     f"({e.strerror or e})") from None
-  from rlpost.tasks import base as task_base
+  from rlpost.tasks import catalog
 
-  reads_files = get("task") in task_base.list_tasks() and task_base.get_task(
+  reads_files = get("task") in catalog.list_tasks() and catalog.get_task(
       get("task")).reads_files
   paths = _data_paths(dict(get("task_spec") or {})) if reads_files else None
   if paths is not None:

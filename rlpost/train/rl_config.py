@@ -21,8 +21,7 @@ from rlpost.models import attention as attention_lib
 from rlpost.models import lora
 from rlpost.models import transformer as tfm
 from rlpost.rollouts import allocate
-from rlpost.tasks import base as task_base
-from rlpost.tasks import answer_check, builders, math_data
+from rlpost.tasks import answer_check, builders, catalog, math_data
 from rlpost.train import config as config_lib
 from rlpost.train import tracking
 from rlpost.train.config import key
@@ -42,10 +41,10 @@ PROVIDED = ("behaviour_logp", "current_logp", "ref_logp", "entropy", "key")
 class RLConfig:
   """Everything that determines a run. See ``validate`` for the allowed values."""
 
-  # task: a registered task (rlpost.tasks.base.list_tasks()) with its task_spec; the file tasks
+  # task: a registered task (rlpost.tasks.catalog.list_tasks()) with its task_spec; the file tasks
   # gsm8k and math take {"train": path, "test": path}, and num_train / num_test cap their records
   task: str = key("arithmetic", group="task",
-      help="registered task: arithmetic, countdown, gsm8k, math (rlpost.tasks.base.list_tasks)")
+      help="registered task: arithmetic, countdown, gsm8k, math (rlpost.tasks.catalog.list_tasks)")
   task_spec: dict = key(group="task", factory=dict, run_local=True,
       help="the task's options, e.g. digits for arithmetic; {'train': path, 'test': path} for the "
            "file tasks")
@@ -247,9 +246,9 @@ class RLConfig:
       if not cond:
         raise ValueError(f"config key {key!r}: {msg} (got {getattr(self, key)!r})")
 
-    tasks = list(task_base.list_tasks())
+    tasks = list(catalog.list_tasks())
     need(self.task in tasks, "task", f"must be one of {tasks}")
-    task = task_base.get_task(self.task)
+    task = catalog.get_task(self.task)
     need(self.answer_check in answer_check.CHECKERS, "answer_check",
          f"must be one of {list(answer_check.CHECKERS)}")
     need(self.answer_check == "parser" or self.task in math_data.FILE_TASKS, "answer_check",

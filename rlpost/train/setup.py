@@ -2,7 +2,7 @@
 
 ``build(cfg, log)`` is one pass, top to bottom:
 
-1. the task (``rlpost.tasks.base.get_task``) and, with ``policy=/path``, the Hugging Face module,
+1. the task (``rlpost.tasks.catalog.get_task``) and, with ``policy=/path``, the Hugging Face module,
    its tokenizer and stop ids (``rlpost.models.policy.load_hf``);
 2. the records, every prompt encoded with that tokenizer (``Tokenizer.encode_prompt``, after
    ``prompt_template`` for tasks that use one), prompts longer than ``max_prompt_tokens``
@@ -29,6 +29,7 @@ from rlpost.models import lora
 from rlpost.models import transformer as tfm
 from rlpost.models.policy import Policy, load_hf
 from rlpost.tasks import base as task_base
+from rlpost.tasks import catalog
 from rlpost.tasks.base import Task, TaskArrays
 from rlpost.tokenizer import CharTokenizer
 from rlpost.train import sft
@@ -47,7 +48,7 @@ class Setup(NamedTuple):
 def build(cfg: RLConfig, log: Callable[[str], None], *, progress: bool = True) -> Setup:
   """The run's task, records, policy and task arrays, in one pass: each stage takes the model
   the last one made and gives it on (one module, split into a ``Policy`` once at the end)."""
-  task = task_base.get_task(cfg.task)(cfg)
+  task = catalog.get_task(cfg.task)(cfg)
   pretrained = _pretrained(cfg) if cfg.policy else None  # (module, tokenizer, stop ids)
   tok = pretrained[1] if pretrained else CharTokenizer()
   records, ids = _encode_prompts(cfg, task, task.load(log), tok, log)
@@ -162,7 +163,7 @@ def character_model_config(cfg: RLConfig, log: Callable[[str], None]) -> tfm.Tra
   """
   if cfg.policy:
     raise ValueError(f"the run uses the policy {cfg.policy}, not the character model")
-  task = task_base.get_task(cfg.task)(cfg)
+  task = catalog.get_task(cfg.task)(cfg)
   records, ids = _encode_prompts(cfg, task, task.load(log), CharTokenizer(), log)
   return _character_config(cfg, records, _prompt_len(ids))[0]
 
@@ -175,7 +176,7 @@ def character_start(cfg: RLConfig, log: Callable[[str], None], *,
   if cfg.policy:
     raise ValueError(f"the run uses the policy {cfg.policy}, not the character model")
   cfg = dataclasses.replace(cfg, model=dict(cfg.model, stacked_layers=False))
-  task = task_base.get_task(cfg.task)(cfg)
+  task = catalog.get_task(cfg.task)(cfg)
   records, ids = _encode_prompts(cfg, task, task.load(log), CharTokenizer(), log)
   model_cfg, _ = _character_config(cfg, records, _prompt_len(ids))
   return nnx.state(_character_start(cfg, model_cfg, records, log, progress))

@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from rlpost.tasks import base
+from rlpost.tasks import base, catalog
 from rlpost.tokenizer import EOS, CharTokenizer, pad
 
 
 def test_registry_lists_builtins_and_refuses_unknown_or_duplicate_names():
-  assert {"arithmetic", "countdown", "gsm8k", "math"} <= set(base.list_tasks())
+  assert {"arithmetic", "countdown", "gsm8k", "math"} <= set(catalog.list_tasks())
   with pytest.raises(ValueError, match=r"unknown task 'nope'; known: \['arithmetic'"):
-    base.get_task("nope")
+    catalog.get_task("nope")
 
   class Other(base.Task):
     name = "arithmetic"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rlpost.tasks import answer_check, arithmetic, builders, countdown, math_data
+from rlpost.tasks import answer_check, arithmetic, catalog, countdown, math_data
 from rlpost.tokenizer import BOS, EOS, PAD, CharTokenizer
 
 TOK = CharTokenizer()
@@ -182,9 +182,9 @@ def test_gsm8k_and_math_loaders(tmp_path):
 
 
 def test_tfds_builders_are_deterministic(tmp_path):
-  a = builders.build("arithmetic", spec={"max_digits": 3}, num_train=300, num_test=50, seed=1,
+  a = catalog.build("arithmetic", spec={"max_digits": 3}, num_train=300, num_test=50, seed=1,
                      data_dir=str(tmp_path / "a"))
-  b = builders.build("arithmetic", spec={"max_digits": 3}, num_train=300, num_test=50, seed=1,
+  b = catalog.build("arithmetic", spec={"max_digits": 3}, num_train=300, num_test=50, seed=1,
                      data_dir=str(tmp_path / "b"))
   assert a == b
   assert len(a["test"]) == 50 and len(a["train"]) == 300
@@ -199,11 +199,11 @@ def test_tfds_builders_are_deterministic(tmp_path):
   assert records(a["test"]) == records(arithmetic.generate(spec, 50, seed=3))
   test_prompts = {r["prompt"] for r in a["test"]}
   assert not test_prompts <= {r["prompt"] for r in a["train"]}, "test drawn from train"
-  c = builders.build("countdown", num_train=40, num_test=10, data_dir=str(tmp_path / "a"))
+  c = catalog.build("countdown", num_train=40, num_test=10, data_dir=str(tmp_path / "a"))
   assert all(countdown.score(r["demo"], True, r["prompt"]) == 1.0 for r in c["train"])
   with pytest.raises(ValueError, match="unknown task 'sudoku'"):
-    builders.build("sudoku")
+    catalog.build("sudoku")
   with pytest.raises(ValueError, match=r"unknown arithmetic spec key\(s\) \['digits'\]"):
-    builders.build("arithmetic", spec={"digits": 3})
+    catalog.build("arithmetic", spec={"digits": 3})
   with pytest.raises(ValueError, match="min_digits <= max_digits"):
-    builders.build("arithmetic", spec={"min_digits": 3, "max_digits": 2})
+    catalog.build("arithmetic", spec={"min_digits": 3, "max_digits": 2})
