@@ -73,9 +73,10 @@ MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 class Tokens(NamedTuple):
   """What the mask needs of one token axis: pos [B, N] int32, valid [B, N] bool and, for
-  packed rows, seg [B, N] int32 (None: one segment per row)."""
+  packed rows, seg [B, N] int32 (None: one segment per row). ``attend`` also takes a valid of
+  None (every token valid)."""
   pos: jax.Array
-  valid: jax.Array
+  valid: jax.Array | None = None
   seg: jax.Array | None = None
 
 
@@ -113,19 +114,17 @@ def visible(q: Tokens, k: Tokens, window=None) -> jax.Array:
   return mask
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos: jax.Array, k_pos: jax.Array,
-           scale: float, q_valid: jax.Array | None = None, k_valid: jax.Array | None = None,
-           q_seg: jax.Array | None = None, k_seg: jax.Array | None = None,
-           window: int | None = None, impl: str = "xla", block_q: int = BLOCK_Q,
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, q_tok: Tokens, k_tok: Tokens | None = None,
+           *, scale: float, window: int | None = None, impl: str = "xla", block_q: int = BLOCK_Q,
            block_k: int = BLOCK_K) -> jax.Array:
   """softmax(scale * q k^T, masked) v per query head; see the module docstring.
 
   Args:
     q: [B, T, H, D] queries (after RoPE). k, v: [B, S, K, D], H % K == 0.
-    q_pos, k_pos: [B, T] / [B, S] int32 token positions.
+    q_tok, k_tok: the ``Tokens`` of the queries ([B, T]) and keys ([B, S]); ``k_tok`` None:
+      the queries' own (self-attention, S == T). A ``valid`` of None: every token valid.
+      Segment ids on both or neither.
     scale: the logit scale (usually D ** -0.5).
-    q_valid, k_valid: [B, T] / [B, S] bool; None: every token valid.
-    q_seg, k_seg: [B, T] / [B, S] int32 segment ids of packed rows; both or neither.
     window: a query sees keys less than ``window`` positions back; None: unbounded.
     impl: one of ``IMPLS``.
     block_q, block_k: tile sizes of ``impl="blockwise"`` (clipped to T and S; T and S need not
@@ -133,7 +132,8 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos: jax.Array, k_pos:
   Returns:
     [B, T, H, D] in q's dtype; zero on rows without a visible key.
   """
-  chex.assert_rank([q, k, v, q_pos, k_pos], [4, 4, 4, 2, 2])
+  k_tok = q_tok if k_tok is None else k_tok
+  chex.assert_rank([q, k, v, q_tok.pos, k_tok.pos], [4, 4, 4, 2, 2])
   chex.assert_equal_shape([k, v])
   b, t, h, d = q.shape
   s, kh = k.shape[1], k.shape[2]
@@ -142,17 +142,16 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, q_pos: jax.Array, k_pos:
     raise ValueError(f"attend: query heads H={h} must be a multiple of key/value heads K={kh}")
   if impl not in IMPLS:
     raise ValueError(f"attend: impl must be one of {IMPLS}, got {impl!r}")
-  if (q_seg is None) != (k_seg is None):
-    raise ValueError("attend: give both q_seg and k_seg, or neither")
+  if (q_tok.seg is None) != (k_tok.seg is None):
+    raise ValueError("attend: give segment ids for both queries and keys, or neither")
   if window is not None and not isinstance(window, jax.Array) and (
       not isinstance(window, int) or window < 1):
     raise ValueError(f"attend: window must be None, a positive int or an int32 scalar array "
                      f"(e.g. traced, per layer), got {window!r}")
-  q_valid = jnp.ones((b, t), bool) if q_valid is None else q_valid
-  k_valid = jnp.ones((b, s), bool) if k_valid is None else k_valid
-  chex.assert_shape([q_pos, q_valid] + ([] if q_seg is None else [q_seg]), (b, t))
-  chex.assert_shape([k_pos, k_valid] + ([] if k_seg is None else [k_seg]), (b, s))
-  qt, kt = Tokens(q_pos, q_valid, q_seg), Tokens(k_pos, k_valid, k_seg)
+  qt, kt = (tok._replace(valid=jnp.ones(tok.pos.shape, bool)) if tok.valid is None else tok
+            for tok in (q_tok, k_tok))
+  chex.assert_shape([qt.pos, qt.valid] + ([] if qt.seg is None else [qt.seg]), (b, t))
+  chex.assert_shape([kt.pos, kt.valid] + ([] if kt.seg is None else [kt.seg]), (b, s))
   if impl == "blockwise":
     for name, size in (("block_q", block_q), ("block_k", block_k)):
       if not isinstance(size, int) or size < 1:

@@ -228,9 +228,7 @@ class Attention(nnx.Module):
     v = _linear(self.v_proj, x).reshape(b, t, k_heads, d)
     scale = (cfg.query_pre_attn_scalar if cfg.query_pre_attn_scalar is not None else d) ** -0.5
     if cache is None:
-      out = attention_lib.attend(q, k, v, q_pos=q_tok.pos, k_pos=q_tok.pos, q_valid=q_tok.valid,
-                                 k_valid=q_tok.valid, q_seg=q_tok.seg, k_seg=q_tok.seg,
-                                 scale=scale, window=window, impl=cfg.attention)
+      out = attention_lib.attend(q, k, v, q_tok, scale=scale, window=window, impl=cfg.attention)
     else:
       kt = jax.lax.dynamic_update_slice(cache.k, k.transpose(0, 2, 3, 1).astype(cache.k.dtype),
                                         (0, 0, 0, cache_index))  # [B, K, D, S]

@@ -49,8 +49,8 @@ def attention_grad_memory(impl: str, *, batch: int, seq: int, heads: int, kv_hea
 
   def fwd_bwd(q, k, v, pos, valid, d_out):
     f = lambda q, k, v: attention.attend(  # noqa: E731
-        q, k, v, q_pos=pos, k_pos=pos, q_valid=valid, k_valid=valid, scale=head_dim ** -0.5,
-        window=window, impl=impl, block_q=block_q, block_k=block_k)
+        q, k, v, attention.Tokens(pos, valid), scale=head_dim ** -0.5, window=window,
+        impl=impl, block_q=block_q, block_k=block_k)
     _, vjp = jax.vjp(f, q, k, v)
     return vjp(d_out)
 

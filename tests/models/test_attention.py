@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 from rlpost.models import attention
+from rlpost.models.attention import Tokens
 from rlpost.models import transformer as tfm
 from rlpost.models import scoring
 from scripts.benchmarks.attention_memory import attention_grad_memory
@@ -103,9 +104,7 @@ def test_xla_matches_numpy_visibility_rule(packed, window):
     pos, valid, seg = _packed_tokens(37)
   else:
     (pos, valid), seg = _padded_tokens(37), None
-  kw = dict(q_pos=pos, k_pos=pos, q_valid=valid, k_valid=valid, q_seg=seg, k_seg=seg,
-            window=window, scale=0.3)
-  out = attention.attend(q, k, v, impl="xla", **kw)
+  out = attention.attend(q, k, v, Tokens(pos, valid, seg), impl="xla", window=window, scale=0.3)
   ref = _numpy_attention(q, k, v, *(np.asarray(x) if x is not None else None for x in
                                     (pos, pos, valid, valid, seg, seg)), window, 0.3)
   np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5)
@@ -115,8 +114,7 @@ def test_xla_matches_numpy_visibility_rule(packed, window):
 def test_causal_left_and_right_padding(variant):
   q, k, v, w = _inputs()
   pos, valid = _padded_tokens(37)
-  out = _assert_same(q, k, v, w, variant, q_pos=pos, k_pos=pos, q_valid=valid, k_valid=valid,
-                     scale=8 ** -0.5)
+  out = _assert_same(q, k, v, w, variant, q_tok=Tokens(pos, valid), scale=8 ** -0.5)
   # Padded query rows are zero, not NaN (the module's convention), and the valid ones are not.
   assert np.abs(np.asarray(out)[np.asarray(valid)]).max() > 0.1
   np.testing.assert_array_equal(np.asarray(out)[~np.asarray(valid)], 0.0)
@@ -126,19 +124,18 @@ def test_causal_left_and_right_padding(variant):
 def test_segment_ids_two_sequences_per_row(variant):
   q, k, v, w = _inputs()
   pos, valid, seg = _packed_tokens(37)
-  _assert_same(q, k, v, w, variant, q_pos=pos, k_pos=pos, q_valid=valid, k_valid=valid,
-               q_seg=seg, k_seg=seg, scale=8 ** -0.5)
+  _assert_same(q, k, v, w, variant, q_tok=Tokens(pos, valid, seg), scale=8 ** -0.5)
 
 
 def test_segments_keep_packed_sequences_apart():
   """Each packed sequence's output equals attending to that sequence alone."""
   q, k, v, _ = _inputs(b=1, t=26)
   pos, valid, seg = (x[:1, :26] for x in _packed_tokens(37))
-  out = attention.attend(q, k, v, q_pos=pos, k_pos=pos, q_valid=valid, k_valid=valid, q_seg=seg,
-                         k_seg=seg, scale=0.5, impl="blockwise", **BLOCKS)
+  out = attention.attend(q, k, v, Tokens(pos, valid, seg), scale=0.5, impl="blockwise",
+                         **BLOCKS)
   for lo, hi in ((0, 15), (15, 26)):
-    alone = attention.attend(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], q_pos=pos[:, lo:hi],
-                             k_pos=pos[:, lo:hi], scale=0.5, impl="xla")
+    alone = attention.attend(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], Tokens(pos[:, lo:hi]),
+                             scale=0.5, impl="xla")
     np.testing.assert_allclose(np.asarray(out[:, lo:hi]), np.asarray(alone), atol=1e-5)
 
 
@@ -146,16 +143,14 @@ def test_segments_keep_packed_sequences_apart():
 def test_grouped_query_heads(kv_heads):
   q, k, v, w = _inputs(kh=kv_heads)
   pos, valid = _padded_tokens(37)
-  _assert_same(q, k, v, w, jax.jit, q_pos=pos, k_pos=pos, q_valid=valid, k_valid=valid,
-               scale=8 ** -0.5)
+  _assert_same(q, k, v, w, jax.jit, q_tok=Tokens(pos, valid), scale=8 ** -0.5)
 
 
 @VARIANTS
 def test_sliding_window(variant):
   q, k, v, w = _inputs()
   pos, valid = _padded_tokens(37)
-  _assert_same(q, k, v, w, variant, q_pos=pos, k_pos=pos, q_valid=valid, k_valid=valid,
-               window=5, scale=8 ** -0.5)
+  _assert_same(q, k, v, w, variant, q_tok=Tokens(pos, valid), window=5, scale=8 ** -0.5)
 
 
 @pytest.mark.parametrize("t,s", [(13, 29), (29, 13), (5, 7)])
@@ -165,14 +160,13 @@ def test_lengths_not_multiples_of_blocks(t, s):
   n = max(t, s)
   k_pos = jnp.broadcast_to(jnp.arange(n - s, n, dtype=jnp.int32), (2, s))
   q_pos = jnp.broadcast_to(jnp.arange(n - t, n, dtype=jnp.int32), (2, t))
-  _assert_same(q, k, v, w, jax.jit, q_pos=q_pos, k_pos=k_pos, scale=8 ** -0.5)
+  _assert_same(q, k, v, w, jax.jit, q_tok=Tokens(q_pos), k_tok=Tokens(k_pos), scale=8 ** -0.5)
 
 
 def test_bfloat16_close_to_float32():
   q, k, v, w = _inputs(dtype=jnp.bfloat16)
   pos, valid, seg = _packed_tokens(37)
-  kw = dict(q_pos=pos, k_pos=pos, q_valid=valid, k_valid=valid, q_seg=seg, k_seg=seg,
-            scale=8 ** -0.5)
+  kw = dict(q_tok=Tokens(pos, valid, seg), scale=8 ** -0.5)
   ref_out, ref_grads = _values_and_grads(
       "xla", *(x.astype(jnp.float32) for x in (q, k, v, w)), jax.jit, **kw)
   for impl, blocks in (("xla", {}), ("blockwise", BLOCKS)):
@@ -189,7 +183,7 @@ def test_fully_masked_rows_finite(impl):
   q, k, v, w = _inputs()
   pos, valid = _padded_tokens(37)
   valid = valid.at[1].set(False)
-  kw = dict(q_pos=pos, k_pos=pos, q_valid=valid, k_valid=valid, scale=8 ** -0.5)
+  kw = dict(q_tok=Tokens(pos, valid), scale=8 ** -0.5)
   out, grads = _values_and_grads(impl, q, k, v, w, jax.jit, **BLOCKS, **kw)
   assert np.all(np.asarray(out)[~np.asarray(valid)] == 0.0)
   for g in grads:
@@ -202,13 +196,13 @@ def test_argument_errors():
   q, k, v, _ = _inputs(kh=2)
   pos = jnp.zeros((2, 37), jnp.int32)
   with pytest.raises(ValueError, match="cudnn.*GPU"):
-    attention.attend(q, k, v, q_pos=pos, k_pos=pos, scale=1.0, impl="cudnn")
+    attention.attend(q, k, v, Tokens(pos), scale=1.0, impl="cudnn")
   with pytest.raises(ValueError, match="impl must be one of"):
-    attention.attend(q, k, v, q_pos=pos, k_pos=pos, scale=1.0, impl="flash")
-  with pytest.raises(ValueError, match="q_seg and k_seg"):
-    attention.attend(q, k, v, q_pos=pos, k_pos=pos, q_seg=pos, scale=1.0)
+    attention.attend(q, k, v, Tokens(pos), scale=1.0, impl="flash")
+  with pytest.raises(ValueError, match="segment ids for both"):
+    attention.attend(q, k, v, Tokens(pos, seg=pos), Tokens(pos), scale=1.0)
   with pytest.raises(ValueError, match="multiple"):
-    attention.attend(q[:, :, :3], k, v, q_pos=pos, k_pos=pos, scale=1.0)
+    attention.attend(q[:, :, :3], k, v, Tokens(pos), scale=1.0)
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="sizes of the CPU compiler's plan")
