@@ -16,7 +16,7 @@ testbed needs besides its own design and claims.
   (``md_table``), the paper-claims section with its gate (``claims_section``), gated sub-tables
   as data (``Subtable``: their arms' rows and claims sections), and the plots (``curve``,
   ``passk_axes``, ``save``);
-* the full-size runs of a table's arms (``full_runs``).
+* the full-size runs of a table's arms as its config and data (``from_full``).
 """
 
 from __future__ import annotations
@@ -257,12 +257,13 @@ def title(report_: Mapping, name: str) -> str:
   return f"# {name} at {'full size' if report_.get('full') else 'CPU scale'}"
 
 
-def header(report_: Mapping, d: Design, s: Mapping, setting: str, metric: str, mde_of: str,
-           paper: Sequence[Mapping], start: str, start_first: bool = False) -> str:
-  """The table's first paragraph: the command, seeds and setting, the primary metric, the
-  minimum detectable effect of ``paper``'s claims, wall time and provenance, what the cells are
-  and the SFT start (``start``, before the minimum detectable effect when ``start_first``)."""
-  mdes = [c["mde"] for c in paper]
+def header(report_: Mapping, d: Design, s: Mapping, *, setting: str, metric: str,
+           claims: tuple[str, str], start: str, start_first: bool = False) -> str:
+  """The table's first paragraph: the command, seeds and ``setting``, the primary ``metric``,
+  the minimum detectable effect of the claims ``claims`` (their family in ``s``, their name in
+  words), wall time and provenance, what the cells are and the SFT start (``start``, before the
+  minimum detectable effect when ``start_first``)."""
+  mde_of, mdes = claims[1], [c["mde"] for c in family(s, claims[0])]
   lead = [f"`{report_['command']}`: {report.seeds_note(d, s['seeds_from_power'])}, {setting}.",
           f"Primary {metric} ({d.eval_problems or 'all'} problems x {d.eval_samples} samples), "
           f"the mean of each seed's last {d.window} evaluations."]
@@ -298,9 +299,10 @@ def gate_intro(what: str, claims: str, gate: str = "gate") -> str:
 
 def gate_outcome(who: str, claims: str, where: str = "") -> tuple[str, str]:
   """(passed, failed): the sentences under a table's gate."""
+  which = f"the {claims} claims" if claims else "the claims"
   return (f"Gate passed: {who} learns{where}.",
-          f"**Gate failed**: {who} did not demonstrably learn{where}, so the {claims}claims below "
-          "compare arms of a testbed where the base method does not learn.")
+          f"**Gate failed**: {who} did not demonstrably learn{where}, so {which} below compare "
+          "arms of a testbed where the base method does not learn.")
 
 
 def claims_section(s: Mapping, name: str, heading: str, intro: str,
@@ -423,15 +425,30 @@ def full_runs(table: str, runs_dir: str, arms: Mapping[str, dict], select,
   return found
 
 
-def full_design(cls, found: Mapping, cfg: Mapping, **kw):
-  """The design ``cls`` of full-size runs ``found`` (``full_runs``) whose arm of config ``cfg``
-  sets the steps and evaluation: the fewest seeds of any arm, the stated power plan
-  (``experiments/full_size.py``) and the fields ``kw``."""
+def from_full(table: str, runs_dir: str, full: Mapping[str, dict], arms: Mapping[str, str],
+              design: Design, ref: str, fields, setting, *, required: Sequence[str] | None = None,
+              label: str = "full size", nest: bool = True) -> tuple[dict, dict]:
+  """Full-size runs as a table's (config, data): the runs of ``arms`` {arm of ``full`` (a
+  full.py ``FULL``): the table arm it stands for} (``full_runs``; every arm of ``required``, all
+  by default, must have runs); the config is ``design`` at the steps and evaluation of table arm
+  ``ref``'s config, the fewest seeds of any arm, the stated power plan
+  (``experiments/full_size.py``) and the fields ``fields(cfgs)``, ``cfgs`` being {table arm:
+  config} of the arms found; its setting reads "``label`` (experiments/``table``/full.py:
+  ``setting(design, cfgs)``)" with the seeds per arm where they differ (``uneven``). The data
+  holds the arms found, in the order of ``arms``, under "arms" (``nest``) or as itself."""
   from experiments.full_size import power_fields
 
-  return cls(**dict(dict(seeds=min(len(r["seeds"]) for r in found.values()), steps=cfg["steps"],
-                         eval_every=cfg["eval_every"], eval_problems=cfg["eval_problems"],
-                         eval_samples=cfg["eval_samples"], **power_fields()), **kw))
+  found = full_runs(table, runs_dir, full, arms, list(arms) if required is None else required)
+  data = {arms[n]: found[n] for n in arms if n in found}
+  cfgs, cfg = {n: r["config"] for n, r in data.items()}, data[ref]["config"]
+  d = dataclasses.replace(
+      design, seeds=min(len(r["seeds"]) for r in data.values()), steps=cfg["steps"],
+      eval_every=cfg["eval_every"], eval_problems=cfg["eval_problems"],
+      eval_samples=cfg["eval_samples"], **power_fields(), **fields(cfgs))
+  seeds = {n: len(r["seeds"]) for n, r in data.items()}
+  d = dataclasses.replace(d, setting=f"{label} (experiments/{table}/full.py: "
+                          f"{setting(d, cfgs)}{uneven(seeds)})")
+  return dataclasses.asdict(d), {"arms": data} if nest else data
 
 
 def uneven(seeds: Mapping[str, int]) -> str:

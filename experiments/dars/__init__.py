@@ -168,7 +168,7 @@ def curve_unit(sz: Design, cfgs: dict, config: dict) -> dict:
 
 
 def summarize(report: dict) -> dict:
-  sz = Design(**report["config"])
+  sz = Design.of(report["config"])
   results, curve = report["data"]["arms"], report["data"].get("curve")
   ks, base = sz.ks(KS), f"grpo-n{sz.n}"
   first = results[base]["evals"][0]["per_seed"][0]
@@ -204,7 +204,7 @@ def summarize(report: dict) -> dict:
 
 
 def render(report: dict) -> str:
-  s, curve, sz = report["summary"], report["data"].get("curve"), Design(**report["config"])
+  s, curve, sz = report["summary"], report["data"].get("curve"), Design.of(report["config"])
   ks, keys, base = s["ks"], s["keys"], f"grpo-n{sz.n}"
   setting = sz.setting or (f"{sz.steps} RL steps (breadth arms: {sz.steps // sz.breadth} steps "
                            f"of {sz.breadth}x the prompts), "
@@ -215,9 +215,9 @@ def render(report: dict) -> str:
   cut = any("dars_truncated_fraction" in r for r in s["stage2"].values())
   lines = [
       rl_table.title(report, "DARS / DARS-B"), "",
-      rl_table.header(report, sz, s, f"{setting}, DARS objective",
-                      f"metrics: test pass@{max(ks)} and pass@1", "claims", paper,
-                      ", ".join(f"{h} {s['start'][k]:.3f}" for h, k in zip(head, keys))), "",
+      rl_table.header(report, sz, s, setting=f"{setting}, DARS objective",
+                      metric=f"metrics: test pass@{max(ks)} and pass@1", claims=("dars", "claims"),
+                      start=", ".join(f"{h} {s['start'][k]:.3f}" for h, k in zip(head, keys))), "",
       *rl_table.arm_tables(s, keys, head, s["vs_base"], f"Minus {base}"),
       "## Breadth x depth", "",
       *rl_table.md_table(
@@ -273,7 +273,7 @@ def render(report: dict) -> str:
 
 def plot(report: dict, out_dir: str) -> list[str]:
   s, curve, sz, plt = (report["summary"], report["data"].get("curve"),
-                       Design(**report["config"]), rl_table.pyplot())
+                       Design.of(report["config"]), rl_table.pyplot())
   panels = [("", "all problems")] + ([(f"/d{sz.hardest}", f"{sz.hardest}-digit problems")]
                                      if f"pass@1/d{sz.hardest}" in s["keys"] else [])
   fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.4), squeeze=False)
@@ -309,20 +309,16 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   if prefix:
     raise runs.RunsError(f"dars --full: the table has one set of arms, no --prefix (got "
                          f"{prefix!r})")
-  found = rl_table.full_runs("dars", runs_dir, full.FULL, FULL_ARMS, FULL_ARMS)
   # n_max names the naive-N arm (grpo-n16); dars-et's own n_max, 32, caps one prompt's
   # merged group
-  base, wide = found["grpo-n8"]["config"], found["dars-b-et"]["config"]
-  seeds = {n: len(found[n]["seeds"]) for n in FULL_ARMS}
-  sz = rl_table.full_design(
-      Design, found, base, num_prompts=base["num_prompts"], n=base["group_size"],
-      n_max=found["grpo-n16"]["config"]["group_size"],
-      breadth=max(1, wide["num_prompts"] // base["num_prompts"]),
-      setting=f"full size (experiments/dars/full.py: {base['task']}, {base['steps']} steps of "
-              f"{base['num_prompts']} prompts, breadth arms {wide['steps']} steps of "
-              f"{wide['num_prompts']}; lr {base['lr']:g} / {wide['lr']:g}"
-              + rl_table.uneven(seeds) + ")")
-  return dataclasses.asdict(sz), {"arms": {FULL_ARMS[n]: found[n] for n in FULL_ARMS}}
+  return rl_table.from_full(
+      "dars", runs_dir, full.FULL, FULL_ARMS, Design(), "grpo-n8", lambda c: dict(
+          num_prompts=c["grpo-n8"]["num_prompts"], n=c["grpo-n8"]["group_size"],
+          n_max=c["grpo-n16"]["group_size"],
+          breadth=max(1, c["dars-b"]["num_prompts"] // c["grpo-n8"]["num_prompts"])),
+      lambda d, c: f"{c['grpo-n8']['task']}, {c['grpo-n8']['steps']} steps of "
+      f"{c['grpo-n8']['num_prompts']} prompts, breadth arms {c['dars-b']['steps']} steps of "
+      f"{c['dars-b']['num_prompts']}; lr {c['grpo-n8']['lr']:g} / {c['dars-b']['lr']:g}")
 
 
 EXPERIMENT = rl_table.experiment(

@@ -47,7 +47,6 @@ finished arms are cached under ``cache/``. The numbers the table last produced:
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -192,7 +191,7 @@ def subtables(sz: Design) -> list[rl_table.Subtable]:
       "", "0/1" if sz.primary_reward == "binary" else "graded", rows(), primary_family(sz),
       "## Paper claims", rl_table.gate_intro(
           "one Holm family: GRPO's gains over the SFT start", "variant", "testbed gate"),
-      rl_table.gate_outcome("GRPO", "variant ", " at both G"),
+      rl_table.gate_outcome("GRPO", "variant", " at both G"),
       f"Variant claims (one Holm family), {sz.seeds} seeds per arm:")]
   if sz.binary_secondary:
     subs.append(rl_table.Subtable(
@@ -266,21 +265,15 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
     raise runs.RunsError(f"mc_grpo --full: --prefix must be 'math-' or 'gsm8k-' (one dataset "
                          f"per table), got {prefix!r}")
   sz = Design(binary_secondary=False, bases=())
-  wanted = [prefix + n for n in arm_names(sz)]
-  found = {k[len(prefix):]: v for k, v in rl_table.full_runs(
-      "mc_grpo", runs_dir, full.FULL, wanted, wanted).items()}
-  cfg, big = found[f"G{sz.small_g}-median"]["config"], found[f"G{sz.large_g}-mean"]["config"]
+  g0, g1 = f"G{sz.small_g}-median", f"G{sz.large_g}-mean"
   # Every run matched its arm's config, graded_reward included, and a dataset's arms share it.
-  sz = dataclasses.replace(sz, primary_reward="graded" if cfg.get("graded_reward") else "binary")
-  reward = "graded" if sz.primary_reward == "graded" else "0/1"
-  sz = rl_table.full_design(
-      functools.partial(dataclasses.replace, sz), found, cfg,
-      setting=f"full size, {prefix[:-1]} (experiments/mc_grpo/full.py: {cfg['task']}, "
-              f"{cfg['num_prompts']} prompts per step at G={sz.small_g}, {big['num_prompts']} "
-              f"prompts x {big['steps']} steps at G={sz.large_g}, lr {cfg['lr']:g}, {reward} "
-              f"reward (claim family {primary_family(sz)})"
-              + rl_table.uneven({n: len(found[n]["seeds"]) for n in arm_names(sz)}) + ")")
-  return dataclasses.asdict(sz), {"arms": {n: found[n] for n in arm_names(sz)}}
+  return rl_table.from_full(
+      "mc_grpo", runs_dir, full.FULL, {prefix + n: n for n in arm_names(sz)}, sz, g0,
+      lambda c: dict(primary_reward="graded" if c[g0].get("graded_reward") else "binary"),
+      lambda d, c: f"{c[g0]['task']}, {c[g0]['num_prompts']} prompts per step at G={d.small_g}, "
+      f"{c[g1]['num_prompts']} prompts x {c[g1]['steps']} steps at G={d.large_g}, lr "
+      f"{c[g0]['lr']:g}, {'graded' if d.primary_reward == 'graded' else '0/1'} reward (claim "
+      f"family {primary_family(d)})", label=f"full size, {prefix[:-1]}")
 
 
 def _flips(report: dict) -> dict | None:
@@ -335,11 +328,11 @@ def render(report: dict) -> str:
   tables = [(sub.label, sub.of(s)) for sub in subs if sub.key != "bases" and sub.of(s)]
   lines = [
       rl_table.title(report, "MC-GRPO"), "",
-      rl_table.header(report, sz, s, f"{sz.steps} RL steps, " + rl_table.setting(
+      rl_table.header(report, sz, s, setting=f"{sz.steps} RL steps, " + rl_table.setting(
           sz, base_config(sz), ", no KL" + ("; the same arms on the 0/1 reward as a secondary "
                                             "table" if sz.binary_secondary else "")),
-          "metric: test pass@1", "variant claims", rl_table.family(s, primary_family(sz)),
-          f"{s['start_pass@1']:.3f}", start_first=True), "", "## Primary metric", ""]
+          metric="metric: test pass@1", claims=(primary_family(sz), "variant claims"),
+          start=f"{s['start_pass@1']:.3f}", start_first=True), "", "## Primary metric", ""]
   if s.get("binary"):
     lines += ["The secondary table trains the same arms with the same recipes on the 0/1 reward "
               "(1 for an exact answer, else 0), where a baseline can zero an advantage but never "
