@@ -3,50 +3,21 @@ against a compute-matched naive N, with a stage 2 that never truncates.
 
 Paper: "Depth-Breadth Synergy in RLVR" (DARS, DARS-B; official code yangzhch6/DARS). Claims
 checked: (1) naively enlarging the rollout size N gives no pass@K gain; (2) DARS improves
-pass@K, (3) also against the naive N of the same sampled rollouts; (4) breadth (more prompts
-per step, full-batch updates over epochs) improves pass@1; (5, 6) DARS-B improves pass@1 and
-pass@K; (7) depth adds pass@K on top of breadth (the "orthogonal dimensions" claim); plus the
-cumulative-advantage bias (a sanity check by algebra) and how many all-wrong prompts the second
-stage rescues.
+pass@K, (3) also against the naive N of the same sampled rollouts; (4) breadth improves pass@1;
+(5, 6) DARS-B improves pass@1 and pass@K; (7) depth adds pass@K on top of breadth; plus the
+cumulative-advantage bias (a sanity check by algebra) and the all-wrong prompts stage 2 rescues.
 
 Command:  python scripts/reproduce.py dars [--quick] [--seeds N] [--out DIR]
-Hardware: 2 CPU cores. Setup (pre-declared in ``Design`` before the run): the calibrated testbed
-of ``experiments/calibrate.py`` (setting ``b23-lr1e-4-kl0-p64``: 2-3 digit addition, whose
-3-digit problems the SFT policy solves sometimes, the 0.4M-parameter character decoder
-started from the pinned SFT policy ``experiments/testbeds/b23-sft``, 64 prompts per step, 0/1
-reward, AdamW lr 1e-4, 100 steps). Every arm uses the DARS objective (advantage r - mean over
-the merged group, token sum over a constant length, dual clip, entropy bonus, no KL), so arms
-differ only in rollout allocation and breadth:
-
-* ``grpo-n8``: N=8 per prompt, 2 mini-batches per step (the base);
-* ``grpo-n16``: N=16, the naive N of the same sampled rollouts as ``dars-et``;
-* ``dars-et``: N=8 in stage 1, equal-treatment stage 2 up to n_max=16 per prompt. The static
-  stage-2 budget is P (n_max - N), the most the schedule can ask for, so it never truncates
-  (the measured share of the budget used is in the table);
-* ``grpo-b`` (breadth only): N=8, 4x the prompts per step, full-batch updates for 2 epochs, a
-  quarter of the steps (the same rollouts in total as ``grpo-n8``);
-* ``dars-b``: ``dars-et`` with ``grpo-b``'s breadth.
-
-``grpo-n8``, ``dars-et``, ``grpo-b`` and ``dars-b`` are the 2x2 of breadth x depth. Breadth
-comes as DARS-B's recipe has it: the breadth arms make 25 steps x 2 epochs x 1 full batch = 50
-optimizer updates at the same learning rate, against 200 (100 steps x 2 mini-batches) for
-``grpo-n8``, so "breadth" here is more prompts per update *and* 4x fewer updates; the breadth
-claims are about that recipe, not about batch size alone.
-
-Primary metrics (pre-declared): test pass@64 and pass@1 (unbiased estimator from 64 samples of
-200 test problems at temperature 1), the mean of each seed's last 3 evaluations; the 3-digit
-problems are reported beside all problems. Seeds: 8 per arm, from ``stats.seeds_needed`` at the
-pilot SD 0.0075 (pass@64 over the last 3 evaluations, the ACE table's previous design) and the
-minimum effect 0.02 (the margin of "no gain"), floor 8. GRPO must learn first: ``grpo-n8``'s
-pass@1 gain over the SFT start is judged as a gate (its own family).
-
-The paper's own setup at full size (accelerators, not run here): ``experiments/dars/full.py``;
-``python scripts/reproduce.py dars --full --runs DIR`` judges its run directories (one per arm x
-seed; the equal-treatment arms in the CPU arms' places, ``FULL_ARMS``) with this table's code.
+Setup (pre-declared in ``Design``; the arms and what "breadth" means here in
+``experiments/dars/README.md``, "Setup"): the testbed ``b23-lr1e-4-kl0-p64`` of
+``experiments/calibrate.py``, every arm on the DARS objective: ``grpo-n8``, ``grpo-n16``,
+``dars-et``, ``grpo-b``, ``dars-b``. Metrics: test pass@64 and pass@1 (200 problems x 64
+samples), the mean of each seed's last 3 evaluations; 8 seeds per arm (power plan);
+``grpo-n8``'s pass@1 gain over the SFT start gates the claims. Full size:
+``experiments/dars/full.py`` (``--full --runs DIR``, its arms in the CPU arms' places).
 Outputs in ``--out`` (default ``results/dars``): ``table.md``, ``results.json``, ``passk.png``,
 ``cumulative_advantage.png``; finished arms are cached under ``cache/``. The numbers the table
-last produced (this design from the pinned start; its 110 min of units were shared with other
-jobs, about 55 min alone): ``results/dars/table.md`` and the README's results section.
+last produced: ``results/dars/table.md`` and the README's results section.
 """
 
 from __future__ import annotations

@@ -1,47 +1,21 @@
 """MC-GRPO at CPU scale, on the calibrated GRPO testbed: median vs mean baselines at G=2.
 
 Paper: "MC-GRPO: Median-Centered Group Relative Policy Optimization" (official code
-lotusroot-kim/MC-GRPO). Claims checked: (1) with the median baseline over G+1 rollouts the
-G=2 accuracy comes within 1% of G=8's; (2) at G=2 the median beats the mean baseline over G,
-(3) an unbiased same-compute control (mean over G+1, a uniformly random rollout dropped) and
-(4) the official same-compute ablation (mean over G+1, the rollout with the smallest |r|
-dropped); (5) the mechanism: small-group mean baselines give advantages of the wrong sign, the
+lotusroot-kim/MC-GRPO). Claims checked: the median baseline over G+1 rollouts brings G=2 within
+1% of G=8's accuracy and, at G=2, beats the mean over G, an unbiased same-compute control and the
+official same-compute ablation; small-group mean baselines give advantages of the wrong sign, the
 median fewer.
 
 Command:  python scripts/reproduce.py mc_grpo [--quick] [--seeds N] [--out DIR]
-Hardware: 2 CPU cores. Setup (pre-declared in ``Design`` before the run): the calibrated testbed
-of ``experiments/calibrate.py`` (setting ``b23-lr1e-4-kl0-p64``: 2-3 digit addition, the
-0.4M-parameter character decoder SFT-started on that band, 64 prompts per step, AdamW lr 1e-4,
-no KL, 100 steps) with the **graded** reward (the one under which a baseline can give an
-opposite-sign advantage; under 0/1 rewards it can only give zero). Arms: GRPO at G=8 (the
-target), and at G=2: GRPO (mean over G), MC-GRPO (median over G+1 with MAD scaling, the pivot
-dropped, and the official GSM trainer's rescale of non-zero advantages by (G+1)/n_nonzero,
-which that trainer applies with the median), the official ablation (mean and std over G+1,
-smallest |r| dropped: under 0/1 rewards always a failure when the group has one, so it is a
-success-biased sample, not a neutral control) and the unbiased control (mean and std over G+1,
-a uniformly random rollout dropped). Seeds of an arm run as one vmapped program
-(``experiments/rl_seeds.py``). Secondary table (``Design.binary_secondary``): the same five arms,
-recipes (the rescale included), seeds and claims on the 0/1 reward, with their own gate and Holm
-families (claim ids ending in "_01"). Other bases (``Design.bases``): the mean and median
-baselines at G=2 over DAPO and over Dr.GRPO (graded reward, no KL, the median arms rescaled), for
-the paper's "orthogonal to the base" claim, each base's own mean arm gated on learning.
-
-Primary metric (pre-declared): test pass@1 (300 problems x 8 samples at temperature 1), the mean
-of each seed's last 3 evaluations (steps 60, 80, 100). Seeds: 8 per arm, from
-``stats.seeds_needed`` at the pilot SD (0.0078, pooled over the calibration's final G=8 and G=2
-arms, 0/1 reward) and the pre-declared minimum effect 0.0125 (half the calibrated G=8 - G=2 gap,
-0.025), floor 8. The G=2 to G=8 gap closed by the median, (median - mean) / (G8 - mean) at G=2,
-is reported with a BCa interval (independent resampling of each arm's seeds). The base method
-must learn: GRPO's G=8 and G=2 gains over the SFT start are judged first (their own family);
-the variant claims are read only if both are reproduced. The sign-flip rates are measured on
-the SFT policy with a 64-sample reference per prompt and fresh groups (completions not among
-those that made the reference).
-
-The paper's own setup at full size (accelerators, not run here): ``experiments/mc_grpo/full.py``
-(its arms and these from ``experiments/mc_grpo/arms.py``). Outputs in ``--out`` (default
-``results/mc_grpo``): ``table.md``, ``results.json``, ``learning_curves.png``, ``sign_flips.png``;
-finished arms are cached under ``cache/``. The numbers the table last produced:
-``results/mc_grpo/table.md`` and the README's results section.
+Setup (pre-declared in ``Design``; in full in ``experiments/mc_grpo/README.md``, "Setup"): the
+testbed ``b23-lr1e-4-kl0-p64`` of ``experiments/calibrate.py`` on the graded reward, no KL; GRPO
+at G=8 and four baselines at G=2, the same arms on the 0/1 reward (secondary) and the mean and
+median over DAPO and Dr.GRPO. Metric: test pass@1 (300 problems x 8 samples), the mean of each
+seed's last 3 evaluations, 8 seeds per arm (power plan); GRPO's gains over the SFT start gate
+the variant claims. Full size: ``experiments/mc_grpo/full.py``.
+Outputs in ``--out`` (default ``results/mc_grpo``): ``table.md``, ``results.json``,
+``learning_curves.png``, ``sign_flips.png``; finished arms are cached under ``cache/``. The
+numbers the table last produced: ``results/mc_grpo/table.md`` and the README's results section.
 """
 
 from __future__ import annotations
@@ -218,16 +192,8 @@ FLIP_RECIPES = {"mean": ("grpo", {}, 0), "median": ("mc_grpo", {}, 1),
 
 def sign_flip_rates(trainer: rl.Trainer, sz: Design, *, seed: int = 0) -> dict:
   """Opposite-sign, zeroed and correct-sign advantage rates of small-group baselines on the
-  SFT policy (``O.fresh_group_sign_flips``).
-
-  For each of ``flip_prompts`` training prompts, ``flip_reference`` completions give the
-  reference baseline b (the prompt's mean reward: its expected reward, estimated); a separate
-  pool of ``flip_pool`` fresh completions is cut into disjoint groups of G (mean) or G+1
-  (MC-GRPO's variants), each scored by the library's own recipe. A rollout's reference
-  advantage is r - b; rollouts left out of the loss (pivots, dropped members) and rollouts
-  with r = b are not counted. Returned per reward kind ("binary", "graded") and baseline:
-  {G: {"opposite", "zeroed", "correct", "count"}}.
-  """
+  SFT policy (``O.fresh_group_sign_flips``; the sampling is in the README's "Setup"), per reward
+  kind ("binary", "graded") and baseline: {G: {"opposite", "zeroed", "correct", "count"}}."""
   n, m, pool, data = sz.flip_prompts, sz.flip_reference, sz.flip_pool, trainer.train_data
   k_ref, k_pool, k_adv = jax.random.split(jax.random.key(seed), 3)
   ref_idx = np.repeat(np.arange(n, dtype=np.int32), m)
