@@ -20,12 +20,13 @@ by the arm's config and seeds, so a rerun of an experiment trains only the missi
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlpost import objectives as O
 from rlpost.train import rl
 
 # The toy setup of every RL experiment's ``--quick`` mode: a tiny policy on 1-2 digit addition.
@@ -131,6 +132,30 @@ def sample_rows(trainer: rl.Trainer, idx: np.ndarray, key, chunk: int = 2048):
     toks.append(np.asarray(ro.tokens))
     masks.append(np.asarray(ro.mask))
   return np.concatenate(toks)[:r], np.concatenate(masks)[:r]
+
+
+def fresh_group_sign_flips(trainer: rl.Trainer, recipes: Mapping[str, tuple[str, dict, int]],
+                           gs: Sequence[int], rewards: Mapping[str, Callable], *, prompts: int,
+                           reference: int, pool: int, seed: int = 0) -> dict:
+  """Sign flips of recipes' small-group advantages on the reference policy, over fresh groups
+  (``objectives.fresh_group_sign_flips``). For each of the first ``prompts`` training prompts,
+  ``reference`` completions give the reference baseline b (the prompt's mean reward); a separate
+  pool of ``pool`` completions is cut into disjoint groups of G + ``extra`` rollouts, scored by
+  the advantage of recipe ``recipes[name] = (recipe, args, extra)``, for each G of ``gs``.
+  ``rewards``: {kind: fn(tokens, mask, prompt idx) -> [R] rewards}, each scoring the same
+  samples. Returns {kind: {name: {G: SignFlipRates.to_json()}}}."""
+  k_ref, k_pool, k_adv = jax.random.split(jax.random.key(seed), 3)
+  ref_idx = np.repeat(np.arange(prompts, dtype=np.int32), reference)
+  pool_idx = np.repeat(np.arange(prompts, dtype=np.int32), pool)
+  ref, fresh = sample_rows(trainer, ref_idx, k_ref), sample_rows(trainer, pool_idx, k_pool)
+  out = {}
+  for kind, reward in rewards.items():
+    b = np.asarray(reward(*ref, ref_idx)).reshape(prompts, reference).mean(axis=1)
+    r = np.asarray(reward(*fresh, pool_idx)).reshape(prompts, pool)
+    out[kind] = {name: {g: O.fresh_group_sign_flips(O.get_recipe(recipe, **args).advantage, r, b,
+                                                    g + extra, key=k_adv).to_json() for g in gs}
+                 for name, (recipe, args, extra) in recipes.items()}
+  return out
 
 
 def final_metric(arm: dict, key: str = "pass@1") -> np.ndarray:

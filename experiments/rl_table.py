@@ -121,10 +121,10 @@ def experiment(name: str, design, arms, base_config, *, analyses=None,
 def sft_analysis(key: str, cfg: Mapping, spec: Mapping, fn) -> dict:
   """{key: harness.Unit}: ``fn(trainer)`` on the SFT start of RLConfig dict ``cfg`` (an analysis
   beside the arms); its spec is ``cfg`` under ``key`` and ``spec``, and the file defining ``fn``
-  counts in its code version."""
+  and ``experiments/rl_seeds.py`` (the analyses' sampling) count in its code version."""
   return {key: harness.Unit(
       {key: cfg, **spec}, lambda progress: fn(rl.make_train(cfg, log=lambda s: None)),
-      code=(inspect.getsourcefile(fn),))}
+      code=(inspect.getsourcefile(fn), inspect.getsourcefile(rl_seeds)))}
 
 
 def setting(d: Design, cfg: Mapping, tail: str = "") -> str:
@@ -410,6 +410,49 @@ def passk_axes(ax, ks: Sequence[int], cells_: Mapping, start: Mapping, suffix: s
   ax.set_xscale("log", base=2)
   ax.set_xlabel("k")
   ax.grid(alpha=0.3)
+
+
+def sign_flips(report_: Mapping, key: str = "sign_flips") -> dict | None:
+  """The analysis ``rl_seeds.fresh_group_sign_flips`` of a report's data under ``key``, its G keys
+  back to integers (JSON keeps them as strings); None where the data has none (full-size runs)."""
+  if key not in report_["data"]:
+    return None
+  return {k: {n: {int(g): v for g, v in d.items()} for n, d in r.items()}
+          for k, r in report_["data"][key].items()}
+
+
+def sign_flip_section(flips: Mapping, labels: Mapping[str, str], gs: Sequence[int], prompts: int,
+                      reference: int, pool: int) -> list[str]:
+  """The table of ``rl_seeds.fresh_group_sign_flips``'s rates ``flips`` (its ``prompts``,
+  ``reference`` and ``pool``): a row per reward kind and recipe (named ``labels[recipe]``), the
+  opposite / zeroed / correct rates at each G of ``gs``."""
+  return [
+      "## Advantage sign flips on the SFT policy", "",
+      f"Reference: the mean reward of {reference} samples per prompt, {prompts} prompts; groups "
+      f"cut from a separate pool of {pool} fresh completions per prompt. Over rollouts that reach "
+      "the loss and whose reward differs from the reference: opposite sign(A) = -sign(r - b), "
+      "zeroed A = 0, correct sign the rest.", "",
+      *md_table(["reward", "baseline", *(f"G={g} opposite / zeroed / correct" for g in gs)],
+                [[kind, labels[n], *(" / ".join(f"{per[n][g][k]:.3f}" for k in (
+                    "opposite", "zeroed", "correct")) for g in gs)]
+                 for kind, per in flips.items() for n in per])]
+
+
+def sign_flip_plot(flips: Mapping, gs: Sequence[int], out_dir: str,
+                   name: str = "sign_flips.png") -> str:
+  """The opposite and zeroed rates of ``flips`` (``sign_flip_section``) against G, a panel per
+  reward kind."""
+  fig, axes = pyplot().subplots(1, len(flips), figsize=(8, 3.2), sharey=True, squeeze=False)
+  axes = axes[0]
+  for ax, (kind, per) in zip(axes, flips.items()):
+    for n, rates in per.items():
+      ax.plot(gs, [rates[g]["opposite"] for g in gs], "o-", label=f"{n}: opposite")
+      ax.plot(gs, [rates[g]["zeroed"] for g in gs], "s--", label=f"{n}: zeroed")
+    ax.set(title=f"{kind} reward", xlabel="G")
+    ax.grid(alpha=0.3)
+  axes[0].set_ylabel("fraction of counted rollouts")
+  axes[0].legend(fontsize=6)
+  return save(fig, out_dir, name)
 
 
 # --------------------------------------------------------------------------------- full size

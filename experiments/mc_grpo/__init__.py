@@ -22,15 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 
 from experiments import claims as C
 from experiments import report as R
 from experiments import rl_seeds, rl_table, runs
 from experiments.mc_grpo.arms import overrides
-from rlpost import objectives as O
 from rlpost.tasks import arithmetic
 from rlpost.train import rl
 
@@ -190,36 +187,20 @@ FLIP_RECIPES = {"mean": ("grpo", {}, 0), "median": ("mc_grpo", {}, 1),
                 "mean_random": ("mc_grpo", {"baseline": "mean_random"}, 1)}
 
 
-def sign_flip_rates(trainer: rl.Trainer, sz: Design, *, seed: int = 0) -> dict:
-  """Opposite-sign, zeroed and correct-sign advantage rates of small-group baselines on the
-  SFT policy (``O.fresh_group_sign_flips``; the sampling is in the README's "Setup"), per reward
-  kind ("binary", "graded") and baseline: {G: {"opposite", "zeroed", "correct", "count"}}."""
-  n, m, pool, data = sz.flip_prompts, sz.flip_reference, sz.flip_pool, trainer.train_data
-  k_ref, k_pool, k_adv = jax.random.split(jax.random.key(seed), 3)
-  ref_idx = np.repeat(np.arange(n, dtype=np.int32), m)
-  pool_idx = np.repeat(np.arange(n, dtype=np.int32), pool)
-  ref = rl_seeds.sample_rows(trainer, ref_idx, k_ref)
-  fresh = rl_seeds.sample_rows(trainer, pool_idx, k_pool)
-  out = {}
-  for kind in ("binary", "graded"):
-    def rewards(tokens, mask, idx):
-      r, _ = arithmetic.reward(jnp.asarray(tokens), jnp.asarray(mask), data.answer[idx],
-                               data.answer_len[idx], trainer.tok, graded=kind == "graded")
-      return np.asarray(r)
-
-    b = rewards(*ref, ref_idx).reshape(n, m).mean(axis=1)
-    r_pool = rewards(*fresh, pool_idx).reshape(n, pool)
-    out[kind] = {bl: {g: O.fresh_group_sign_flips(O.get_recipe(name, **args).advantage, r_pool,
-                                                  b, g + extra, key=k_adv).to_json()
-                      for g in (sz.small_g, sz.large_g)}
-                 for bl, (name, args, extra) in FLIP_RECIPES.items()}
-  return out
-
-
 def sign_flip_unit(sz: Design, cfgs: dict, config: dict) -> dict:
+  """The sign-flip rates of the baselines on the SFT policy under both rewards, fresh groups."""
+  def rates(trainer: rl.Trainer) -> dict:
+    data = trainer.train_data
+    reward = lambda graded: lambda tokens, mask, idx: arithmetic.reward(  # noqa: E731
+        jnp.asarray(tokens), jnp.asarray(mask), data.answer[idx], data.answer_len[idx],
+        trainer.tok, graded=graded)[0]
+    return rl_seeds.fresh_group_sign_flips(
+        trainer, FLIP_RECIPES, (sz.small_g, sz.large_g),
+        {"binary": reward(False), "graded": reward(True)}, prompts=sz.flip_prompts,
+        reference=sz.flip_reference, pool=sz.flip_pool)
+
   return rl_table.sft_analysis("sign_flips", cfgs[f"G{sz.small_g}-mean"],
-                               {"sizes": config, "design": "fresh groups"},
-                               lambda trainer: sign_flip_rates(trainer, sz))
+                               {"sizes": config, "design": "fresh groups"}, rates)
 
 
 def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
@@ -242,15 +223,6 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
       f"family {primary_family(d)})", label=f"full size, {prefix[:-1]}")
 
 
-def _flips(report: dict) -> dict | None:
-  """The sign-flip rates with integer G keys (JSON keeps them as strings); None for full-size
-  runs (the analysis samples from the CPU SFT policy)."""
-  if "sign_flips" not in report["data"]:
-    return None
-  return {k: {bl: {int(g): v for g, v in d.items()} for bl, d in r.items()}
-          for k, r in report["data"]["sign_flips"].items()}
-
-
 def _judge_table(results: dict, sz: Design, prefix: str = "") -> dict:
   """One table's cells, differences, gap fraction and gated verdicts, over the arms of
   ``arm_names(sz, prefix)``."""
@@ -268,7 +240,8 @@ def _judge_table(results: dict, sz: Design, prefix: str = "") -> dict:
 
 
 def summarize(report: dict) -> dict:
-  results, flips, sz = report["data"]["arms"], _flips(report), Design.of(report["config"])
+  results, sz = report["data"]["arms"], Design.of(report["config"])
+  flips = rl_table.sign_flips(report)
   s = _judge_table(results, sz)
   s["seeds_from_power"] = sz.from_power()
   s["binary"] = _judge_table(results, sz, BINARY) if sz.binary_secondary else None
@@ -289,7 +262,7 @@ def summarize(report: dict) -> dict:
 
 
 def render(report: dict) -> str:
-  s, flips, sz = report["summary"], _flips(report), Design.of(report["config"])
+  s, flips, sz = report["summary"], rl_table.sign_flips(report), Design.of(report["config"])
   g0, g1, subs = sz.small_g, sz.large_g, subtables(sz)
   tables = [(sub.label, sub.of(s)) for sub in subs if sub.key != "bases" and sub.of(s)]
   lines = [
@@ -317,18 +290,8 @@ def render(report: dict) -> str:
               f"(median - mean) / (G{g1} - mean) at G={g0}: {gc['fraction']:+.2f} "
               f"[{gc['lo']:+.2f}, {gc['hi']:+.2f}] ({gc['method']}).", ""]
   if flips is not None:
-    lines += [
-        "## Advantage sign flips on the SFT policy", "",
-        f"Reference: the mean reward of {sz.flip_reference} samples per prompt, "
-        f"{sz.flip_prompts} prompts; groups cut from a separate pool of {sz.flip_pool} fresh "
-        "completions per prompt. Over rollouts that reach the loss and whose reward differs "
-        "from the reference: opposite sign(A) = -sign(r - b), zeroed A = 0, correct sign the "
-        "rest.", "",
-        *rl_table.md_table(
-            ["reward", "baseline", *(f"G={g} opposite / zeroed / correct" for g in (g0, g1))],
-            [[kind, LABELS[bl], *(" / ".join(f"{flips[kind][bl][g][k]:.3f}" for k in (
-                "opposite", "zeroed", "correct")) for g in (g0, g1))]
-             for kind in ("binary", "graded") for bl in BASELINES])]
+    lines += rl_table.sign_flip_section(flips, LABELS, (g0, g1), sz.flip_prompts,
+                                        sz.flip_reference, sz.flip_pool)
   lines += ["", *rl_table.gated_sections(subs, s)]
   if s["rates"] is None:
     return "\n".join(lines + [rl_table.cpu_only("The mechanism claim (opposite-sign rates)"), ""])
@@ -341,8 +304,7 @@ def render(report: dict) -> str:
 
 
 def plot(report: dict, out_dir: str) -> list[str]:
-  results, flips, sz = report["data"]["arms"], _flips(report), Design.of(report["config"])
-  plt = rl_table.pyplot()
+  results, sz, plt = report["data"]["arms"], Design.of(report["config"]), rl_table.pyplot()
   fig, ax = plt.subplots(figsize=(6, 3.6))
   for prefix, style, reward in [("", "-", "graded")] + (
       [(BINARY, ":", "0/1")] if sz.binary_secondary else []):
@@ -353,19 +315,9 @@ def plot(report: dict, out_dir: str) -> list[str]:
   ax.legend(fontsize=6)
   ax.grid(alpha=0.3)
   paths = [rl_table.save(fig, out_dir, "learning_curves.png")]
-  if flips is None:
+  if (flips := rl_table.sign_flips(report)) is None:
     return paths
-  gs = [sz.small_g, sz.large_g]
-  fig, axes = plt.subplots(1, 2, figsize=(8, 3.2), sharey=True)
-  for ax, kind in zip(axes, ("binary", "graded")):
-    for bl in BASELINES:
-      ax.plot(gs, [flips[kind][bl][g]["opposite"] for g in gs], "o-", label=f"{bl}: opposite")
-      ax.plot(gs, [flips[kind][bl][g]["zeroed"] for g in gs], "s--", label=f"{bl}: zeroed")
-    ax.set(title=f"{kind} reward", xlabel="G")
-    ax.grid(alpha=0.3)
-  axes[0].set_ylabel("fraction of counted rollouts")
-  axes[0].legend(fontsize=6)
-  return paths + [rl_table.save(fig, out_dir, "sign_flips.png")]
+  return paths + [rl_table.sign_flip_plot(flips, [sz.small_g, sz.large_g], out_dir)]
 
 
 EXPERIMENT = rl_table.experiment(
