@@ -158,6 +158,27 @@ def fresh_group_sign_flips(trainer: rl.Trainer, recipes: Mapping[str, tuple[str,
   return out
 
 
+def advantage_mass(trainer: rl.Trainer, recipes: Mapping[str, Mapping], prompts: int, n: int,
+                   *, seed: int = 0) -> dict:
+  """The cumulative |advantage| of a group (the sum of |A_i| over its ``n`` rollouts) against the
+  group's accuracy, on the reference policy: the first ``prompts`` training prompts x ``n``
+  rollouts, scored by the advantage of each recipe ``name`` with arguments ``recipes[name]``.
+  Returns {"accuracy": the levels j / n, "groups": the groups at each level, name: the mean
+  cumulative |A| of those groups (nan at a level without groups)}."""
+  idx = jnp.repeat(jnp.arange(prompts, dtype=jnp.int32), n)
+  ro = jax.jit(trainer.sample)(trainer.ref_params, idx, jax.random.key(seed))
+  batch = O.RolloutBatch(group_id=idx, valid=jnp.ones((prompts * n,), bool), tokens=ro.tokens,
+                         token_mask=ro.mask, rewards=ro.rewards)
+  acc = np.asarray(ro.correct).reshape(prompts, n).mean(axis=1)
+  at = [np.isclose(acc, j / n) for j in range(n + 1)]
+  out = {"accuracy": [j / n for j in range(n + 1)], "groups": [int(np.sum(m)) for m in at]}
+  for name, args in recipes.items():
+    adv, _ = O.compute_advantages(O.get_recipe(name, **args).advantage, batch)
+    cum = np.abs(np.asarray(adv.values)).reshape(prompts, n).sum(axis=1)
+    out[name] = [float(cum[m].mean()) if np.any(m) else float("nan") for m in at]
+  return out
+
+
 def final_metric(arm: dict, key: str = "pass@1") -> np.ndarray:
   """[S] the metric at the last evaluation of each seed."""
   return np.array([e[key] for e in arm["evals"][-1]["per_seed"]])

@@ -412,6 +412,43 @@ def passk_axes(ax, ks: Sequence[int], cells_: Mapping, start: Mapping, suffix: s
   ax.grid(alpha=0.3)
 
 
+def passk_figure(s: Mapping, out_dir: str, figsize: tuple[float, float],
+                 panels: Sequence[tuple[str, str | None]] = (("", None),), width=None,
+                 name: str = "passk.png") -> str:
+  """pass@k against k of every arm of summary ``s`` (its "ks", "cells" and "start"), a panel per
+  (metric suffix, title) of ``panels`` (``passk_axes``)."""
+  fig, axes = pyplot().subplots(1, len(panels), figsize=figsize, squeeze=False)
+  for ax, (suffix, title_) in zip(axes[0], panels):
+    passk_axes(ax, s["ks"], s["cells"], s["start"], suffix, width)
+    if title_:
+      ax.set_title(title_)
+  axes[0][0].set_ylabel("test pass@k (last-3 mean)")
+  axes[0][0].legend(fontsize=7)
+  return save(fig, out_dir, name)
+
+
+def advantage_mass_section(curve: Mapping, labels: Mapping[str, str], n: int) -> list[str]:
+  """The table of ``rl_seeds.advantage_mass``'s ``curve`` on the SFT policy: the groups at each
+  accuracy level and a row per recipe (``labels``: {recipe: its advantage in words})."""
+  return [f"## Cumulative |advantage| per group vs group accuracy (SFT policy, N={n})", "",
+          *md_table(["accuracy", *(f"{a:.3g}" for a in curve["accuracy"])], [
+              ["groups", *map(str, curve["groups"])],
+              *([f"sum abs(A), {label}", *(f"{v:.2f}" for v in curve[name])]
+                for name, label in labels.items())]), ""]
+
+
+def advantage_mass_plot(curve: Mapping, labels: Mapping[str, str], out_dir: str,
+                        name: str = "cumulative_advantage.png") -> str:
+  """``rl_seeds.advantage_mass``'s ``curve``: a line per recipe (``labels``: {recipe: legend})."""
+  fig, ax = pyplot().subplots(figsize=(4.8, 3.4))
+  for (recipe, label), style in zip(labels.items(), ("o-", "s--", "^:", "v-.")):
+    ax.plot(curve["accuracy"], curve[recipe], style, label=label)
+  ax.set(xlabel="group accuracy", ylabel="cumulative |advantage| of the group")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  return save(fig, out_dir, name)
+
+
 def sign_flips(report_: Mapping, key: str = "sign_flips") -> dict | None:
   """The analysis ``rl_seeds.fresh_group_sign_flips`` of a report's data under ``key``, its G keys
   back to integers (JSON keeps them as strings); None where the data has none (full-size runs)."""

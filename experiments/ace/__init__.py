@@ -199,12 +199,8 @@ def render(report: dict) -> str:
 def plot(report: dict, out_dir: str) -> list[str]:
   results, s, plt = report["data"], report["summary"], rl_table.pyplot()
   main = (report["config"].get("base_arm", "grpo"), s["main"])
-  fig, ax = plt.subplots(figsize=(5.5, 3.6))
-  rl_table.passk_axes(ax, s["ks"], s["cells"], s["start"],
-                      width=lambda n: 2.5 if n in main else 1)
-  ax.set_ylabel("test pass@k (last-3 mean)")
-  ax.legend(fontsize=7)
-  paths = [rl_table.save(fig, out_dir, "passk.png")]
+  paths = [rl_table.passk_figure(s, out_dir, (5.5, 3.6),
+                                 width=lambda n: 2.5 if n in main else 1)]
   fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
   for n in main:
     for ax, key in zip(axes[:2], ("overconfident_errors", "shift_wrong_p50")):

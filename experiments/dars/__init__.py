@@ -24,14 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from experiments import claims as C
 from experiments import report as R
 from experiments import rl_seeds, rl_table, runs
-from rlpost import objectives as O
 from rlpost.train import rl
 
 KS = (1, 4, 16, 64)
@@ -109,33 +106,13 @@ def base_config(sz: Design) -> dict:
   return rl_table.testbed_config(sz, drop=("recipe_args",))
 
 
-def cumulative_advantage_curve(trainer: rl.Trainer, sz: Design, *, seed: int = 0) -> dict:
-  """Sum of |A_i| over a group against the group's accuracy, on the SFT policy.
-
-  ``curve_prompts`` training prompts x N rollouts, scored with GRPO's advantage (mean and std)
-  and Dr.GRPO / DARS's (mean only) from the library's recipes. Returns, per accuracy level
-  j/N: the number of groups and the mean cumulative |A| under each advantage.
-  """
-  n, p = sz.n, sz.curve_prompts
-  idx = jnp.repeat(jnp.arange(p, dtype=jnp.int32), n)
-  ro = jax.jit(trainer.sample)(trainer.ref_params, idx, jax.random.key(seed))
-  batch = O.RolloutBatch(group_id=idx, valid=jnp.ones((p * n,), bool), tokens=ro.tokens,
-                         token_mask=ro.mask, rewards=ro.rewards)
-  acc = np.asarray(ro.correct).reshape(p, n).mean(axis=1)
-  at = [np.isclose(acc, j / n) for j in range(n + 1)]
-  out = {"accuracy": [j / n for j in range(n + 1)], "groups": [int(np.sum(m)) for m in at]}
-  for name in ("grpo", "dr_grpo"):
-    kw = {} if name == "grpo" else {"max_length": trainer.max_new_tokens}
-    adv, _ = O.compute_advantages(O.get_recipe(name, **kw).advantage, batch)
-    cum = np.abs(np.asarray(adv.values)).reshape(p, n).sum(axis=1)
-    out[name] = [float(cum[m].mean()) if np.any(m) else float("nan") for m in at]
-  return out
-
-
 def curve_unit(sz: Design, cfgs: dict, config: dict) -> dict:
-  return rl_table.sft_analysis("curve", cfgs[f"grpo-n{sz.n}"],
-                               {"n": sz.n, "prompts": sz.curve_prompts},
-                               lambda trainer: cumulative_advantage_curve(trainer, sz))
+  """The cumulative |advantage| per group against its accuracy on the SFT policy, under GRPO's
+  advantage (mean and std) and Dr.GRPO / DARS's (mean only)."""
+  return rl_table.sft_analysis(
+      "curve", cfgs[f"grpo-n{sz.n}"], {"n": sz.n, "prompts": sz.curve_prompts},
+      lambda trainer: rl_seeds.advantage_mass(trainer, {
+          "grpo": {}, "dr_grpo": {"max_length": trainer.max_new_tokens}}, sz.curve_prompts, sz.n))
 
 
 def summarize(report: dict) -> dict:
@@ -220,11 +197,8 @@ def render(report: dict) -> str:
                  f"demand (budget {sorted(budgets)}): a share used of 1.000 means demand "
                  "was truncated."), ""]
   if curve is not None:
-    lines += [f"## Cumulative |advantage| per group vs group accuracy (SFT policy, N={sz.n})", "",
-              *rl_table.md_table(["accuracy", *(f"{a:.3g}" for a in curve["accuracy"])], [
-                  ["groups", *map(str, curve["groups"])],
-                  ["sum abs(A), mean only", *(f"{v:.2f}" for v in curve["dr_grpo"])],
-                  ["sum abs(A), mean and std", *(f"{v:.2f}" for v in curve["grpo"])]]), ""]
+    lines += rl_table.advantage_mass_section(
+        curve, {"dr_grpo": "mean only", "grpo": "mean and std"}, sz.n)
   ub, ud = s["updates"].get("grpo-b"), s["updates"].get(base)
   lines += [*rl_table.claims_section(
       s, "dars", "## Paper claims", rl_table.gate_intro(f"{base}'s pass@1 over the SFT start",
@@ -243,26 +217,14 @@ def render(report: dict) -> str:
 
 
 def plot(report: dict, out_dir: str) -> list[str]:
-  s, curve, sz, plt = (report["summary"], report["data"].get("curve"),
-                       Design.of(report["config"]), rl_table.pyplot())
+  s, curve, sz = report["summary"], report["data"].get("curve"), Design.of(report["config"])
   panels = [("", "all problems")] + ([(f"/d{sz.hardest}", f"{sz.hardest}-digit problems")]
                                      if f"pass@1/d{sz.hardest}" in s["keys"] else [])
-  fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.4), squeeze=False)
-  for ax, (suffix, title) in zip(axes[0], panels):
-    rl_table.passk_axes(ax, s["ks"], s["cells"], s["start"], suffix)
-    ax.set_title(title)
-  axes[0][0].set_ylabel("test pass@k (last-3 mean)")
-  axes[0][0].legend(fontsize=7)
-  paths = [rl_table.save(fig, out_dir, "passk.png")]
+  paths = [rl_table.passk_figure(s, out_dir, (4.5 * len(panels), 3.4), panels)]
   if curve is None:
     return paths
-  fig, ax = plt.subplots(figsize=(4.8, 3.4))
-  ax.plot(curve["accuracy"], curve["dr_grpo"], "o-", label="A = r - mean")
-  ax.plot(curve["accuracy"], curve["grpo"], "s--", label="A = (r - mean) / std")
-  ax.set(xlabel="group accuracy", ylabel="cumulative |advantage| of the group")
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  return paths + [rl_table.save(fig, out_dir, "cumulative_advantage.png")]
+  return paths + [rl_table.advantage_mass_plot(curve, {
+      "dr_grpo": "A = r - mean", "grpo": "A = (r - mean) / std"}, out_dir)]
 
 
 # The full-size arms of ``experiments/dars/full.py`` that make this table, by the CPU arm they
