@@ -170,6 +170,13 @@ def train_mean(arm: Mapping, key: str) -> np.ndarray:
   return v[len(v) // 2:].mean(axis=0)
 
 
+def step_means(results: Mapping, keys: Sequence[str]) -> dict:
+  """{arm: {key: its mean over steps and seeds}} of the training metrics ``keys`` an arm logs,
+  over the arms that log any of them."""
+  return {n: {k: float(np.mean(a["train"][k])) for k in keys if k in a["train"]}
+          for n, a in results.items() if any(k in a["train"] for k in keys)}
+
+
 def start_of(arm: Mapping, keys: Sequence[str]) -> dict:
   """{key: the step-0 evaluation} (every seed shares it)."""
   first = arm["evals"][0]["per_seed"]
@@ -209,6 +216,16 @@ def gated(results: Mapping, names, claims: Sequence[claims_lib.Claim], metric: s
       "final_eval": {n: report.cell(rl_seeds.final_metric(results[n], metric)) for n in names},
       "arm_seconds": {n: results[n]["seconds"] for n in names},
       **judged(claims, {"gain": prim, metric: prim}, start, table)}
+
+
+def mass_peak(curve: Mapping, recipe: str, at: float, tol: float) -> tuple[float, str]:
+  """(the accuracy where recipe ``recipe``'s cumulative |advantage| of ``rl_seeds.advantage_mass``
+  peaks, "holds" when it lies within ``tol`` of ``at``, else "fails"; "inconclusive" where fewer
+  than 3 accuracy levels were observed)."""
+  acc, mass = np.asarray(curve["accuracy"]), np.asarray(curve[recipe], np.float64)
+  peak = float(acc[np.nanargmax(mass)]) if np.any(np.isfinite(mass)) else float("nan")
+  return peak, ("inconclusive" if np.sum(np.isfinite(mass)) < 3
+                else "holds" if abs(peak - at) <= tol else "fails")
 
 
 def gap_fraction(low, mid, high, *, level: float = 0.95, n_resamples: int = 9999,
@@ -290,6 +307,15 @@ def arm_tables(s: Mapping, keys: Sequence[str], head: Sequence[str], diffs: Mapp
           "", f"## {minus}", "",
           *md_table(["arm", *(minus_head or head)],
                     [[n, *(report.fmt(g[k]) for k in keys)] for n, g in diffs.items()]), ""]
+
+
+def step_means_table(means: Mapping, cols: Mapping[str, tuple[str, str]]) -> list[str]:
+  """A row per arm of ``step_means``'s ``means``: the columns {key: (heading, format)} of
+  ``cols`` that some arm logs (nan where another does not)."""
+  keys = [k for k in cols if any(k in m for m in means.values())]
+  return md_table(["arm", *(cols[k][0] for k in keys)],
+                  [[n, *(format(m.get(k, float("nan")), cols[k][1]) for k in keys)]
+                   for n, m in means.items()])
 
 
 def gate_intro(what: str, claims: str, gate: str = "gate") -> str:

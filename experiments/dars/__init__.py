@@ -24,16 +24,18 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from experiments import claims as C
 from experiments import report as R
 from experiments import rl_seeds, rl_table, runs
 from rlpost.train import rl
 
 KS = (1, 4, 16, 64)
-STAGE2 = ("dars_all_wrong_stage1", "dars_rescued", "dars_extra_rollouts", "dars_budget_used",
-          "dars_truncated_fraction")
+# The stage-2 metrics (mean per step): {train metric: (column heading, format)}
+STAGE2 = {"dars_all_wrong_stage1": ("stage-1 all-wrong prompts", ".2f"),
+          "dars_rescued": ("rescued (>= 1 correct in stage 2)", ".2f"),
+          "dars_extra_rollouts": ("stage-2 rows used", ".1f"),
+          "dars_budget_used": ("share of the budget used", ".3f"),
+          "dars_truncated_fraction": ("share of the demand truncated", ".3f")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,9 +128,7 @@ def summarize(report: dict) -> dict:
   values = rl_table.window_values(results, keys, sz.window)
   cells, vs_base = rl_table.cells(values, keys, base, results)
   s = {"ks": ks, "keys": keys, "cells": cells, "vs_base": vs_base,
-       # the stage-2 metrics of the arms that have a stage 2, mean per step
-       "stage2": {n: {k: float(np.mean(a["train"][k])) for k in STAGE2 if k in a["train"]}
-                  for n, a in results.items() if "dars_rescued" in a["train"]},
+       "stage2": rl_table.step_means(results, STAGE2),  # the arms that have a stage 2
        "seeds_from_power": sz.from_power(),
        "arm_seconds": {n: a["seconds"] for n, a in results.items()},
        "updates": {n: rl_table.updates(a["config"]) for n, a in results.items()},
@@ -140,14 +140,10 @@ def summarize(report: dict) -> dict:
   s["sanity"] = None
   if curve is None:  # full-size runs: the curve is measured on the CPU SFT policy only
     return s
-  acc, dr = np.asarray(curve["accuracy"]), np.asarray(curve["dr_grpo"], np.float64)
-  peak = float(acc[np.nanargmax(dr)]) if np.any(np.isfinite(dr)) else float("nan")
-  s["curve_peak_accuracy"] = peak
   # A sanity check, not a claim: with A = r - mean and binary rewards the cumulative |A| of a
   # group of accuracy a is 2 N a (1 - a), which peaks at a = 0.5 by algebra.
-  s["sanity"] = {"cumulative_advantage_peaks_at_half": (
-      "inconclusive" if np.sum(np.isfinite(dr)) < 3  # too few accuracy levels observed
-      else "holds" if abs(peak - 0.5) <= 1 / sz.n else "fails")}
+  s["curve_peak_accuracy"], verdict = rl_table.mass_peak(curve, "dr_grpo", 0.5, 1 / sz.n)
+  s["sanity"] = {"cumulative_advantage_peaks_at_half": verdict}
   return s
 
 
@@ -159,8 +155,6 @@ def render(report: dict) -> str:
                            + rl_table.setting(sz, base_config(sz)))
   head = [k.replace(f"/d{sz.hardest}", f" ({sz.hardest}-digit)") for k in keys]
   paper, nan = rl_table.family(s, "dars"), float("nan")
-  # runs from before the truncation metric existed have no column for it
-  cut = any("dars_truncated_fraction" in r for r in s["stage2"].values())
   lines = [
       rl_table.title(report, "DARS / DARS-B"), "",
       rl_table.header(report, sz, s, setting=f"{setting}, DARS objective",
@@ -175,14 +169,7 @@ def render(report: dict) -> str:
             R.fmt(inter)] for k, inter in s["interaction"].items()]),
       "", "Interaction: Welch-Satterthwaite t interval over the four independent arms; 0 is what "
       "orthogonal (additive) dimensions give.", "", "## Stage 2 (mean per step)", "",
-      *rl_table.md_table(
-          ["arm", "stage-1 all-wrong prompts", "rescued (>= 1 correct in stage 2)",
-           "stage-2 rows used", "share of the budget used", "share of the demand truncated"
-           ][:5 + cut],
-          [[n, f"{r['dars_all_wrong_stage1']:.2f}", f"{r['dars_rescued']:.2f}",
-            f"{r['dars_extra_rollouts']:.1f}", f"{r.get('dars_budget_used', nan):.3f}",
-            f"{r.get('dars_truncated_fraction', nan):.3f}"][:5 + cut]
-           for n, r in s["stage2"].items()])]
+      *rl_table.step_means_table(s["stage2"], STAGE2)]
   stored = [rl.RLConfig.upgrade(dict(r["config"])) for r in report["data"]["arms"].values()]
   args = [c["allocation_args"] for c in stored if c.get("allocation") in ("dars", "dars_b")]
   budgets, chunks = {a.get("budget", 0) for a in args}, {a.get("chunk", 0) for a in args}
