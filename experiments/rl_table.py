@@ -228,6 +228,15 @@ def mass_peak(curve: Mapping, recipe: str, at: float, tol: float) -> tuple[float
                 else "holds" if abs(peak - at) <= tol else "fails")
 
 
+def merge_subtables(s: dict, keys: Sequence[str]) -> dict:
+  """``s`` with the verdicts and arm seconds of its sub-table summaries ``s[key]`` (those not
+  None) added to its own."""
+  for t in filter(None, (s[k] for k in keys)):
+    s["verdicts"].update(t["verdicts"])
+    s["arm_seconds"].update(t["arm_seconds"])
+  return s
+
+
 def gap_fraction(low, mid, high, *, level: float = 0.95, n_resamples: int = 9999,
                  seed: int = 0) -> dict:
   """(mean(mid) - mean(low)) / (mean(high) - mean(low)) of three independent arms' per-seed
@@ -425,6 +434,19 @@ def curve(ax, arm: Mapping, key: str, **kw):
           [np.mean([x[key] for x in e["per_seed"]]) for e in arm["evals"]], **kw)
 
 
+def curves_plot(results: Mapping, lines: Mapping[str, Mapping], key: str, ylabel: str,
+                out_dir: str, name: str, figsize: tuple[float, float] = (6, 3.6)) -> str:
+  """Metric ``key`` at each evaluation (``curve``) of each arm of ``lines`` {arm: its line's
+  keywords}, on one panel."""
+  fig, ax = pyplot().subplots(figsize=figsize)
+  for n, kw in lines.items():
+    curve(ax, results[n], key, **kw)
+  ax.set(xlabel="RL step", ylabel=ylabel)
+  ax.legend(fontsize=6)
+  ax.grid(alpha=0.3)
+  return save(fig, out_dir, name)
+
+
 def passk_axes(ax, ks: Sequence[int], cells_: Mapping, start: Mapping, suffix: str = "",
                width=None):
   """pass@k against k (log 2) with error bars over seeds for each arm, and the SFT start;
@@ -516,6 +538,30 @@ def sign_flip_plot(flips: Mapping, gs: Sequence[int], out_dir: str,
   axes[0].set_ylabel("fraction of counted rollouts")
   axes[0].legend(fontsize=6)
   return save(fig, out_dir, name)
+
+
+def sign_flip_verdict(claim: claims_lib.Claim, flips: Mapping | None, kind: str, g: int,
+                      names: Sequence[str]) -> dict | None:
+  """``claims.judge_proportions`` of ``claim`` (its arms "<recipe> G=<g>") on the opposite-sign
+  rates of ``flips`` (``sign_flips``), pooled over rollouts: recipes ``names`` at G ``g`` on
+  reward ``kind``; None without ``flips`` (full-size runs)."""
+  if flips is None:
+    return None
+  return claims_lib.judge_proportions(claim, {
+      f"{n} G={g}": (flips[kind][n][g]["opposite"], flips[kind][n][g]["count"]) for n in names})
+
+
+def sign_flip_verdict_rows(r: Mapping | None, flips: Mapping | None, kind: str, g: int,
+                           names: Sequence[str], what: str) -> list[str]:
+  """The rows and note of ``sign_flip_verdict``'s ``r`` (``what``: the claim in words), or the
+  sentence that full-size runs do not carry it."""
+  if r is None:
+    return [cpu_only(f"{what} (opposite-sign rates)"), ""]
+  return [*report.proportions_rows(r, [flips[kind][n][g]["opposite"] for n in names], "rollouts"),
+          "", report.proportions_note(
+              r, f"{what} compares opposite-sign rates pooled over rollouts",
+              "from the \"Advantage sign flips\" table, fresh groups", "rollouts",
+              "groups of the same prompts"), ""]
 
 
 # --------------------------------------------------------------------------------- full size

@@ -241,22 +241,15 @@ def _judge_table(results: dict, sz: Design, prefix: str = "") -> dict:
 
 def summarize(report: dict) -> dict:
   results, sz = report["data"]["arms"], Design.of(report["config"])
-  flips = rl_table.sign_flips(report)
   s = _judge_table(results, sz)
   s["seeds_from_power"] = sz.from_power()
   s["binary"] = _judge_table(results, sz, BINARY) if sz.binary_secondary else None
   s["bases"] = (rl_table.gated(results, base_arm_names(sz), base_claims(sz), METRIC, sz.window,
                                s["start_pass@1"], "mc_grpo")[1] if sz.bases else None)
-  for sub in ("binary", "bases"):
-    if s[sub]:
-      s["verdicts"].update(s[sub]["verdicts"])
-      s["arm_seconds"].update(s[sub]["arm_seconds"])
-  s["rates"] = None
-  if flips is not None:
-    s["rates"] = C.judge_proportions(rate_claim(sz), {
-        f"{bl} G={sz.small_g}": (flips["graded"][bl][sz.small_g]["opposite"],
-                                 flips["graded"][bl][sz.small_g]["count"])
-        for bl in ("median", "mean")})
+  rl_table.merge_subtables(s, ("binary", "bases"))
+  s["rates"] = rl_table.sign_flip_verdict(rate_claim(sz), rl_table.sign_flips(report), "graded",
+                                          sz.small_g, ("median", "mean"))
+  if s["rates"]:
     s["verdicts"][s["rates"]["claim"]["id"]] = s["rates"]["verdict"]
   return s
 
@@ -292,29 +285,19 @@ def render(report: dict) -> str:
   if flips is not None:
     lines += rl_table.sign_flip_section(flips, LABELS, (g0, g1), sz.flip_prompts,
                                         sz.flip_reference, sz.flip_pool)
-  lines += ["", *rl_table.gated_sections(subs, s)]
-  if s["rates"] is None:
-    return "\n".join(lines + [rl_table.cpu_only("The mechanism claim (opposite-sign rates)"), ""])
-  rate = {bl: flips["graded"][bl][g0]["opposite"] for bl in ("median", "mean")}
-  return "\n".join(lines + [
-      *R.proportions_rows(s["rates"], (rate["median"], rate["mean"]), "rollouts"), "",
-      R.proportions_note(s["rates"], "The mechanism claim compares opposite-sign rates pooled "
-                         "over rollouts", "from the \"Advantage sign flips\" table, fresh groups",
-                         "rollouts", "groups of the same prompts"), ""])
+  return "\n".join(lines + ["", *rl_table.gated_sections(subs, s),
+                            *rl_table.sign_flip_verdict_rows(s["rates"], flips, "graded", g0, (
+                                "median", "mean"), "The mechanism claim")])
 
 
 def plot(report: dict, out_dir: str) -> list[str]:
-  results, sz, plt = report["data"]["arms"], Design.of(report["config"]), rl_table.pyplot()
-  fig, ax = plt.subplots(figsize=(6, 3.6))
-  for prefix, style, reward in [("", "-", "graded")] + (
-      [(BINARY, ":", "0/1")] if sz.binary_secondary else []):
-    for i, (name, (g, bl)) in enumerate(arm_names(sz, prefix).items()):
-      rl_table.curve(ax, results[name], METRIC, marker="o", linestyle=style, color=f"C{i}",
-                     label=f"{reward}: G={g}, {LABELS[bl]}")
-  ax.set(xlabel="RL step", ylabel="test pass@1 (mean over seeds)")
-  ax.legend(fontsize=6)
-  ax.grid(alpha=0.3)
-  paths = [rl_table.save(fig, out_dir, "learning_curves.png")]
+  results, sz = report["data"]["arms"], Design.of(report["config"])
+  paths = [rl_table.curves_plot(results, {
+      name: dict(marker="o", linestyle=style, color=f"C{i}", label=f"{rw}: G={g}, {LABELS[bl]}")
+      for prefix, style, rw in [("", "-", "graded")] + (
+          [(BINARY, ":", "0/1")] if sz.binary_secondary else [])
+      for i, (name, (g, bl)) in enumerate(arm_names(sz, prefix).items())}, METRIC,
+      "test pass@1 (mean over seeds)", out_dir, "learning_curves.png")]
   if (flips := rl_table.sign_flips(report)) is None:
     return paths
   return paths + [rl_table.sign_flip_plot(flips, [sz.small_g, sz.large_g], out_dir)]
