@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlpost import objectives as O
+from rlpost.tasks import arithmetic
 from rlpost.train import rl
 
 # The toy setup of every RL experiment's ``--quick`` mode: a tiny policy on 1-2 digit addition.
@@ -156,6 +157,20 @@ def fresh_group_sign_flips(trainer: rl.Trainer, recipes: Mapping[str, tuple[str,
                                                     g + extra, key=k_adv).to_json() for g in gs}
                  for name, (recipe, args, extra) in recipes.items()}
   return out
+
+
+def arithmetic_rewards(trainer: rl.Trainer) -> dict:
+  """{"binary", "graded"}: the arithmetic task's 0/1 and graded rewards of completions of the
+  trainer's training prompts, each fn(tokens, mask, prompt idx) -> [R] rewards (the ``rewards``
+  of ``fresh_group_sign_flips``)."""
+  data = trainer.train_data
+
+  def reward(graded: bool):
+    return lambda tokens, mask, idx: arithmetic.reward(
+        jnp.asarray(tokens), jnp.asarray(mask), data.answer[idx], data.answer_len[idx],
+        trainer.tok, graded=graded)[0]
+
+  return {"binary": reward(False), "graded": reward(True)}
 
 
 def advantage_mass(trainer: rl.Trainer, recipes: Mapping[str, Mapping], prompts: int, n: int,

@@ -577,6 +577,15 @@ def full_runs(table: str, runs_dir: str, arms: Mapping[str, dict], select,
   return found
 
 
+def check_prefix(table: str, prefix: str, prefixes: Sequence[str] = ("",)):
+  """RunsError unless ``--prefix`` ``prefix`` is one of ``prefixes`` (("",): none is taken)."""
+  if prefix not in prefixes:
+    raise runs.RunsError(
+        f"{table} --full: " + (f"--prefix must be {' or '.join(map(repr, prefixes))} (one "
+                               f"dataset per table), got {prefix!r}" if any(prefixes) else
+                               f"the table has one set of arms, no --prefix (got {prefix!r})"))
+
+
 def from_full(table: str, runs_dir: str, full: Mapping[str, dict], arms: Mapping[str, str],
               design: Design, ref: str, fields, setting, *, required: Sequence[str] | None = None,
               label: str = "full size", nest: bool = True) -> tuple[dict, dict]:

@@ -26,7 +26,7 @@ import dataclasses
 
 from experiments import claims as C
 from experiments import report as R
-from experiments import rl_seeds, rl_table, runs
+from experiments import rl_seeds, rl_table
 from rlpost.train import rl
 
 KS = (1, 4, 16, 64)
@@ -226,9 +226,7 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   and the digit bucket are CPU-only."""
   from experiments.dars import full
 
-  if prefix:
-    raise runs.RunsError(f"dars --full: the table has one set of arms, no --prefix (got "
-                         f"{prefix!r})")
+  rl_table.check_prefix("dars", prefix)
   # n_max names the naive-N arm (grpo-n16); dars-et's own n_max, 32, caps one prompt's
   # merged group
   return rl_table.from_full(

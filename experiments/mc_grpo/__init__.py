@@ -1,35 +1,26 @@
 """MC-GRPO at CPU scale, on the calibrated GRPO testbed: median vs mean baselines at G=2.
 
 Paper: "MC-GRPO: Median-Centered Group Relative Policy Optimization" (official code
-lotusroot-kim/MC-GRPO). Claims checked: the median baseline over G+1 rollouts brings G=2 within
-1% of G=8's accuracy and, at G=2, beats the mean over G, an unbiased same-compute control and the
-official same-compute ablation; small-group mean baselines give advantages of the wrong sign, the
-median fewer.
-
-Command:  python scripts/reproduce.py mc_grpo [--quick] [--seeds N] [--out DIR]
-Setup (pre-declared in ``Design``; in full in ``experiments/mc_grpo/README.md``, "Setup"): the
-testbed ``b23-lr1e-4-kl0-p64`` of ``experiments/calibrate.py`` on the graded reward, no KL; GRPO
-at G=8 and four baselines at G=2, the same arms on the 0/1 reward (secondary) and the mean and
-median over DAPO and Dr.GRPO. Metric: test pass@1 (300 problems x 8 samples), the mean of each
-seed's last 3 evaluations, 8 seeds per arm (power plan); GRPO's gains over the SFT start gate
-the variant claims. Full size: ``experiments/mc_grpo/full.py``.
-Outputs in ``--out`` (default ``results/mc_grpo``): ``table.md``, ``results.json``,
-``learning_curves.png``, ``sign_flips.png``; finished arms are cached under ``cache/``. The
-numbers the table last produced: ``results/mc_grpo/table.md`` and the README's results section.
+lotusroot-kim/MC-GRPO). Claims checked: at G=2 the median baseline over G+1 rollouts comes within
+1% of G=8 and beats the mean over G and two same-compute controls; it gives fewer advantages of
+the wrong sign. Command: python scripts/reproduce.py mc_grpo [--quick] [--seeds N] [--out DIR]
+Setup (``Design``; in full in the README's "Setup"): the testbed ``b23-lr1e-4-kl0-p64`` of
+``experiments/calibrate.py``, graded reward, no KL, GRPO at G=8 and four baselines at G=2 (also
+on the 0/1 reward and over DAPO and Dr.GRPO, exploratory). Metric: test pass@1, the mean of each
+seed's last 3 evaluations, 8 seeds per arm (power plan), gated on GRPO's gains over the SFT start.
+Full size: ``experiments/mc_grpo/full.py``. Outputs in ``--out`` (default ``results/mc_grpo``):
+``table.md``, ``results.json``, ``learning_curves.png``, ``sign_flips.png`` (the numbers last
+produced: ``results/mc_grpo/table.md`` and the README's results section).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
-
 from experiments import claims as C
 from experiments import report as R
-from experiments import rl_seeds, rl_table, runs
+from experiments import rl_seeds, rl_table
 from experiments.mc_grpo.arms import overrides
-from rlpost.tasks import arithmetic
-from rlpost.train import rl
 
 BASELINES = ("mean", "median", "mean_drop", "mean_random")
 LABELS = {"mean": "mean over G (GRPO)", "median": "median over G+1 (MC-GRPO)",
@@ -144,14 +135,6 @@ def base_claims(sz: Design) -> list[C.Claim]:
                     family="mc_grpo_bases", sesoi=sz.min_effect) for b in sz.bases)]
 
 
-def rate_claim(sz: Design) -> C.Claim:
-  """The mechanism claim, about opposite-sign rates pooled over rollouts (not over seeds)."""
-  return C.Claim("median_fewer_sign_flips",
-                 "the median gives fewer opposite-sign advantages (graded reward)",
-                 "opposite-sign rate, graded reward",
-                 (f"median G={sz.small_g}", f"mean G={sz.small_g}"), "less")
-
-
 def subtables(sz: Design) -> list[rl_table.Subtable]:
   """The gated sub-tables: the primary table, then the 0/1 secondary and the other bases where
   the design runs them (their summaries under "binary" and "bases")."""
@@ -189,18 +172,11 @@ FLIP_RECIPES = {"mean": ("grpo", {}, 0), "median": ("mc_grpo", {}, 1),
 
 def sign_flip_unit(sz: Design, cfgs: dict, config: dict) -> dict:
   """The sign-flip rates of the baselines on the SFT policy under both rewards, fresh groups."""
-  def rates(trainer: rl.Trainer) -> dict:
-    data = trainer.train_data
-    reward = lambda graded: lambda tokens, mask, idx: arithmetic.reward(  # noqa: E731
-        jnp.asarray(tokens), jnp.asarray(mask), data.answer[idx], data.answer_len[idx],
-        trainer.tok, graded=graded)[0]
-    return rl_seeds.fresh_group_sign_flips(
-        trainer, FLIP_RECIPES, (sz.small_g, sz.large_g),
-        {"binary": reward(False), "graded": reward(True)}, prompts=sz.flip_prompts,
-        reference=sz.flip_reference, pool=sz.flip_pool)
-
-  return rl_table.sft_analysis("sign_flips", cfgs[f"G{sz.small_g}-mean"],
-                               {"sizes": config, "design": "fresh groups"}, rates)
+  return rl_table.sft_analysis(
+      "sign_flips", cfgs[f"G{sz.small_g}-mean"], {"sizes": config, "design": "fresh groups"},
+      lambda tr: rl_seeds.fresh_group_sign_flips(
+          tr, FLIP_RECIPES, (sz.small_g, sz.large_g), rl_seeds.arithmetic_rewards(tr),
+          prompts=sz.flip_prompts, reference=sz.flip_reference, pool=sz.flip_pool))
 
 
 def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
@@ -208,9 +184,7 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   "gsm8k-") as this table's config and data; the sign-flip analysis is CPU-only."""
   from experiments.mc_grpo import full
 
-  if prefix not in ("math-", "gsm8k-"):
-    raise runs.RunsError(f"mc_grpo --full: --prefix must be 'math-' or 'gsm8k-' (one dataset "
-                         f"per table), got {prefix!r}")
+  rl_table.check_prefix("mc_grpo", prefix, ("math-", "gsm8k-"))
   sz = Design(binary_secondary=False, bases=())
   g0, g1 = f"G{sz.small_g}-median", f"G{sz.large_g}-mean"
   # Every run matched its arm's config, graded_reward included, and a dataset's arms share it.
@@ -247,8 +221,11 @@ def summarize(report: dict) -> dict:
   s["bases"] = (rl_table.gated(results, base_arm_names(sz), base_claims(sz), METRIC, sz.window,
                                s["start_pass@1"], "mc_grpo")[1] if sz.bases else None)
   rl_table.merge_subtables(s, ("binary", "bases"))
-  s["rates"] = rl_table.sign_flip_verdict(rate_claim(sz), rl_table.sign_flips(report), "graded",
-                                          sz.small_g, ("median", "mean"))
+  # The mechanism claim, about opposite-sign rates pooled over rollouts (not over seeds).
+  s["rates"] = rl_table.sign_flip_verdict(C.Claim(
+      "median_fewer_sign_flips", "the median gives fewer opposite-sign advantages (graded reward)",
+      "opposite-sign rate, graded reward", (f"median G={sz.small_g}", f"mean G={sz.small_g}"),
+      "less"), rl_table.sign_flips(report), "graded", sz.small_g, ("median", "mean"))
   if s["rates"]:
     s["verdicts"][s["rates"]["claim"]["id"]] = s["rates"]["verdict"]
   return s
