@@ -205,12 +205,16 @@ def family(s: Mapping, name: str) -> list[dict]:
 
 
 def gated(results: Mapping, names, claims: Sequence[claims_lib.Claim], metric: str, window: int,
-          start: float, table: str) -> tuple[dict, dict]:
+          table: str, start: float | None = None) -> tuple[dict, dict]:
   """(per-seed ``metric`` of the arms ``names``, their summary: each arm's cell, gain over the
   SFT start ``start``, final evaluation and seconds, and the gated verdicts of ``claims``, whose
-  gate claims are on the metric "gain")."""
+  gate claims are on the metric "gain"); ``start`` None: the first arm's step-0 evaluation, first
+  in the summary as "start_<metric>"."""
   prim = {n: window_mean(results[n], metric, window) for n in names}
+  own = start is None
+  start = start_of(results[next(iter(names))], [metric])[metric] if own else start
   return prim, {
+      **({f"start_{metric}": start} if own else {}),
       "cells": {n: report.cell(v) for n, v in prim.items()},
       "gains": {n: report.cell(v - start) for n, v in prim.items()},
       "final_eval": {n: report.cell(rl_seeds.final_metric(results[n], metric)) for n in names},
@@ -279,16 +283,13 @@ def interaction(values: Mapping, both: str, second: str, first: str, base: str,
 
 
 # --------------------------------------------------------------------------------- rendering
-def title(report_: Mapping, name: str) -> str:
-  return f"# {name} at {'full size' if report_.get('full') else 'CPU scale'}"
-
-
-def header(report_: Mapping, d: Design, s: Mapping, *, setting: str, metric: str,
-           claims: tuple[str, str], start: str, start_first: bool = False) -> str:
-  """The table's first paragraph: the command, seeds and ``setting``, the primary ``metric``,
-  the minimum detectable effect of the claims ``claims`` (their family in ``s``, their name in
-  words), wall time and provenance, what the cells are and the SFT start (``start``, before the
-  minimum detectable effect when ``start_first``)."""
+def header(report_: Mapping, name: str, d: Design, s: Mapping, *, setting: str, metric: str,
+           claims: tuple[str, str], start: str, start_first: bool = False) -> list[str]:
+  """The table's title (``name`` at CPU scale or full size) and first paragraph: the command,
+  seeds and ``setting``, the primary ``metric``, the minimum detectable effect of the claims
+  ``claims`` (their family in ``s``, their name in words), wall time and provenance, what the
+  cells are and the SFT start (``start``, before the minimum detectable effect when
+  ``start_first``)."""
   mde_of, mdes = claims[1], [c["mde"] for c in family(s, claims[0])]
   lead = [f"`{report_['command']}`: {report.seeds_note(d, s['seeds_from_power'])}, {setting}.",
           f"Primary {metric} ({d.eval_problems or 'all'} problems x {d.eval_samples} samples), "
@@ -296,7 +297,8 @@ def header(report_: Mapping, d: Design, s: Mapping, *, setting: str, metric: str
   rest = [f"Minimum detectable effect of the {mde_of}: {min(mdes):.3f}-{max(mdes):.3f}.",
           report.wall_time(report_), CELLS_NOTE]
   start = f"SFT start: {start}."
-  return " ".join(lead + ([start] + rest if start_first else rest + [start]))
+  return [f"# {name} at {'full size' if report_.get('full') else 'CPU scale'}", "",
+          " ".join(lead + ([start] + rest if start_first else rest + [start])), ""]
 
 
 def md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -466,10 +468,10 @@ def passk_figure(s: Mapping, out_dir: str, figsize: tuple[float, float],
   """pass@k against k of every arm of summary ``s`` (its "ks", "cells" and "start"), a panel per
   (metric suffix, title) of ``panels`` (``passk_axes``)."""
   fig, axes = pyplot().subplots(1, len(panels), figsize=figsize, squeeze=False)
-  for ax, (suffix, title_) in zip(axes[0], panels):
+  for ax, (suffix, title) in zip(axes[0], panels):
     passk_axes(ax, s["ks"], s["cells"], s["start"], suffix, width)
-    if title_:
-      ax.set_title(title_)
+    if title:
+      ax.set_title(title)
   axes[0][0].set_ylabel("test pass@k (last-3 mean)")
   axes[0][0].legend(fontsize=7)
   return save(fig, out_dir, name)
@@ -540,15 +542,17 @@ def sign_flip_plot(flips: Mapping, gs: Sequence[int], out_dir: str,
   return save(fig, out_dir, name)
 
 
-def sign_flip_verdict(claim: claims_lib.Claim, flips: Mapping | None, kind: str, g: int,
-                      names: Sequence[str]) -> dict | None:
-  """``claims.judge_proportions`` of ``claim`` (its arms "<recipe> G=<g>") on the opposite-sign
-  rates of ``flips`` (``sign_flips``), pooled over rollouts: recipes ``names`` at G ``g`` on
-  reward ``kind``; None without ``flips`` (full-size runs)."""
-  if flips is None:
-    return None
-  return claims_lib.judge_proportions(claim, {
+def sign_flip_verdict(s: dict, claim: claims_lib.Claim, flips: Mapping | None, kind: str, g: int,
+                      names: Sequence[str], key: str = "rates") -> dict:
+  """``s`` with ``s[key]``: ``claims.judge_proportions`` of ``claim`` (its arms "<recipe>
+  G=<g>") on the opposite-sign rates of ``flips`` (``sign_flips``), pooled over rollouts:
+  recipes ``names`` at G ``g`` on reward ``kind``, its verdict among ``s["verdicts"]``; None
+  without ``flips`` (full-size runs)."""
+  s[key] = None if flips is None else claims_lib.judge_proportions(claim, {
       f"{n} G={g}": (flips[kind][n][g]["opposite"], flips[kind][n][g]["count"]) for n in names})
+  if s[key]:
+    s["verdicts"][claim.id] = s[key]["verdict"]
+  return s
 
 
 def sign_flip_verdict_rows(r: Mapping | None, flips: Mapping | None, kind: str, g: int,

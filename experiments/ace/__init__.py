@@ -161,11 +161,10 @@ def render(report: dict) -> str:
   kmax, head = max(ks), [*(f"pass@{k}" for k in ks), "token entropy"]
   start = ", ".join(f"pass@{k} {s['start'][f'pass@{k}']:.3f}" for k in ks)
   return "\n".join([
-      rl_table.title(report, "ACE"), "",
-      rl_table.header(report, sz, s, setting=f"{sz.steps} RL steps, G={sz.group_size}, "
-                      + rl_table.setting(sz, base_config(sz), ", no KL"),
-                      metric=f"metric: test pass@{kmax}", claims=("ace", "ACE claims"),
-                      start=f"{start}, token entropy {s['start']['token_entropy']:.3f}"), "",
+      *rl_table.header(report, "ACE", sz, s, setting=f"{sz.steps} RL steps, G={sz.group_size}, "
+                       + rl_table.setting(sz, base_config(sz), ", no KL"),
+                       metric=f"metric: test pass@{kmax}", claims=("ace", "ACE claims"),
+                       start=f"{start}, token entropy {s['start']['token_entropy']:.3f}"),
       *rl_table.arm_tables(
           s, cols, head + ["overconfident errors (2nd half)"], s["gain"], "ACE minus GRPO",
           head + ["overconfident errors"],

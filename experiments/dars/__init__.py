@@ -156,10 +156,9 @@ def render(report: dict) -> str:
   head = [k.replace(f"/d{sz.hardest}", f" ({sz.hardest}-digit)") for k in keys]
   paper, nan = rl_table.family(s, "dars"), float("nan")
   lines = [
-      rl_table.title(report, "DARS / DARS-B"), "",
-      rl_table.header(report, sz, s, setting=f"{setting}, DARS objective",
-                      metric=f"metrics: test pass@{max(ks)} and pass@1", claims=("dars", "claims"),
-                      start=", ".join(f"{h} {s['start'][k]:.3f}" for h, k in zip(head, keys))), "",
+      *rl_table.header(report, "DARS / DARS-B", sz, s, setting=f"{setting}, DARS objective",
+                       metric=f"metrics: test pass@{max(ks)} and pass@1", claims=("dars", "claims"),
+                       start=", ".join(f"{h} {s['start'][k]:.3f}" for h, k in zip(head, keys))),
       *rl_table.arm_tables(s, keys, head, s["vs_base"], f"Minus {base}"),
       "## Breadth x depth", "",
       *rl_table.md_table(
