@@ -38,6 +38,9 @@ QUICK_BASE = dict(num_train=200, num_test=40, eval_problems=0, init_params="", s
                   task_spec=dict(min_digits=1, max_digits=2, terms=2),
                   model=dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                              intermediate_size=64))
+# The RL tables' ``--quick`` start: a longer SFT that solves some problems (as the learning fixture
+# of tests/rl_testutil.py), so that rewards differ within groups and from a prompt's reference.
+QUICK_SFT = dict(QUICK_BASE, sft_steps=400, sft_lr=3e-3)
 
 # Per-step training metrics kept in the results (all seeds).
 TRAIN_KEYS = ("reward", "accuracy", "loss", "zero_variance_groups", "adv_abs", "truncated",

@@ -508,12 +508,12 @@ def sign_flips(report_: Mapping, key: str = "sign_flips") -> dict | None:
           for k, r in report_["data"][key].items()}
 
 
-def sign_flip_section(flips: Mapping, labels: Mapping[str, str], gs: Sequence[int], prompts: int,
-                      reference: int, pool: int) -> list[str]:
+def sign_flip_section(flips: Mapping | None, labels: Mapping[str, str], gs: Sequence[int],
+                      prompts: int, reference: int, pool: int) -> list[str]:
   """The table of ``rl_seeds.fresh_group_sign_flips``'s rates ``flips`` (its ``prompts``,
   ``reference`` and ``pool``): a row per reward kind and recipe (named ``labels[recipe]``), the
-  opposite / zeroed / correct rates at each G of ``gs``."""
-  return [
+  opposite / zeroed / correct rates at each G of ``gs``; none without ``flips``."""
+  return [] if flips is None else [
       "## Advantage sign flips on the SFT policy", "",
       f"Reference: the mean reward of {reference} samples per prompt, {prompts} prompts; groups "
       f"cut from a separate pool of {pool} fresh completions per prompt. Over rollouts that reach "
@@ -525,10 +525,12 @@ def sign_flip_section(flips: Mapping, labels: Mapping[str, str], gs: Sequence[in
                  for kind, per in flips.items() for n in per])]
 
 
-def sign_flip_plot(flips: Mapping, gs: Sequence[int], out_dir: str,
-                   name: str = "sign_flips.png") -> str:
-  """The opposite and zeroed rates of ``flips`` (``sign_flip_section``) against G, a panel per
-  reward kind."""
+def sign_flip_plot(flips: Mapping | None, gs: Sequence[int], out_dir: str,
+                   name: str = "sign_flips.png") -> list[str]:
+  """[path]: the opposite and zeroed rates of ``flips`` (``sign_flip_section``) against G, a
+  panel per reward kind; [] without ``flips``."""
+  if flips is None:
+    return []
   fig, axes = pyplot().subplots(1, len(flips), figsize=(8, 3.2), sharey=True, squeeze=False)
   axes = axes[0]
   for ax, (kind, per) in zip(axes, flips.items()):
@@ -539,7 +541,7 @@ def sign_flip_plot(flips: Mapping, gs: Sequence[int], out_dir: str,
     ax.grid(alpha=0.3)
   axes[0].set_ylabel("fraction of counted rollouts")
   axes[0].legend(fontsize=6)
-  return save(fig, out_dir, name)
+  return [save(fig, out_dir, name)]
 
 
 def sign_flip_verdict(s: dict, claim: claims_lib.Claim, flips: Mapping | None, kind: str, g: int,

@@ -68,10 +68,8 @@ class Design(rl_table.Design):
 def design(quick: bool) -> Design:
   if not quick:
     return Design()
-  tiny = dict(rl_seeds.QUICK_BASE, num_prompts=4, sft_steps=400, sft_lr=3e-3,
-              task_spec=dict(min_digits=1, max_digits=2, terms=2))
   return Design(seeds=2, steps=3, eval_every=1, window=2, group_size=4, eval_problems=8,
-               eval_samples=8, min_seeds=2, base=tiny)
+               eval_samples=8, min_seeds=2, base=dict(rl_seeds.QUICK_SFT, num_prompts=4))
 
 
 def main_arm(sz: Design) -> str:

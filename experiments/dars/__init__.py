@@ -54,11 +54,9 @@ class Design(rl_table.Design):
 def design(quick: bool) -> Design:
   if not quick:
     return Design()
-  tiny = dict(rl_seeds.QUICK_BASE, sft_steps=400, sft_lr=3e-3,
-              task_spec=dict(min_digits=1, max_digits=2, terms=2))
   return Design(seeds=2, steps=4, num_prompts=4, n=4, n_max=8, breadth=2, eval_every=2,
                window=2, eval_problems=8, eval_samples=8, hardest=2, curve_prompts=16,
-               min_seeds=2, base=tiny)
+               min_seeds=2, base=dict(rl_seeds.QUICK_SFT))
 
 
 def claims(sz: Design) -> list[C.Claim]:
