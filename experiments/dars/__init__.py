@@ -52,11 +52,9 @@ class Design(rl_table.Design):
 
 
 def design(quick: bool) -> Design:
-  if not quick:
-    return Design()
   return Design(seeds=2, steps=4, num_prompts=4, n=4, n_max=8, breadth=2, eval_every=2,
-               window=2, eval_problems=8, eval_samples=8, hardest=2, curve_prompts=16,
-               min_seeds=2, base=dict(rl_seeds.QUICK_SFT))
+                window=2, eval_problems=8, eval_samples=8, hardest=2, curve_prompts=16,
+                min_seeds=2, base=dict(rl_seeds.QUICK_SFT)) if quick else Design()
 
 
 def claims(sz: Design) -> list[C.Claim]:

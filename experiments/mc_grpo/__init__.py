@@ -33,8 +33,7 @@ BINARY = "01-"  # arm-name prefix of the secondary table's arms (0/1 reward)
 
 @dataclasses.dataclass(frozen=True)
 class Design(rl_table.Design):
-  """The pre-declared design (~50 minutes on 2 CPU cores: ~18 per table of five arms, ~14 for
-  the four arms over other bases)."""
+  """The pre-declared design (~50 minutes on 2 CPU cores, ~14 of them the other bases' arms)."""
 
   eval_problems: int = 300
   eval_samples: int = 8
@@ -55,11 +54,10 @@ def primary_family(sz: Design) -> str:
 
 
 def design(quick: bool) -> Design:
-  if not quick:
-    return Design()
   return Design(seeds=2, steps=3, eval_every=1, window=2, eval_problems=8, eval_samples=4,
-               large_g=4, min_seeds=2, flip_prompts=8, flip_reference=8, flip_pool=12,
-               base=dict(rl_seeds.QUICK_SFT, num_prompts=4, eval_batch=32))
+                large_g=4, min_seeds=2, flip_prompts=8, flip_reference=8, flip_pool=12,
+                base=dict(rl_seeds.QUICK_SFT, num_prompts=4, eval_batch=32)
+                ) if quick else Design()
 
 
 def base_config(sz: Design, *, graded: bool = True) -> dict:
@@ -79,8 +77,7 @@ def base_arm_names(sz: Design) -> dict:
 
 
 def arms(sz: Design) -> dict:
-  """{arm name: RLConfig overrides over the graded testbed}: the primary arms, the same recipes
-  on the 0/1 reward (the secondary table), the mean and median over the other bases; no KL."""
+  """{arm name: RLConfig overrides over the graded testbed}: primary, 0/1 and other-base arms."""
   kw = dict(kl_coef=0.0, rescale=True)
   binary = arm_names(sz, BINARY) if sz.binary_secondary else {}  # the same recipes, 0/1 reward
   return {**{n: overrides(g, bl, **kw) for n, (g, bl) in arm_names(sz).items()},
@@ -90,10 +87,9 @@ def arms(sz: Design) -> dict:
 
 
 def claims(sz: Design, prefix: str = "") -> list[C.Claim]:
-  """The testbed gate (family "testbed"; one-sample claims about the gain over the SFT start,
-  filled in by ``summarize``) and the paper's claims about trained arms (family "mc_grpo").
-  ``prefix`` ``BINARY``, or a primary table on a two-valued reward (``primary_reward``
-  "binary"): the same claims with ids ending in "_01", family "mc_grpo_01"."""
+  """The gate (family "testbed": GRPO's gains over the SFT start) and the paper's claims (family
+  "mc_grpo"); on the 0/1 reward (``prefix`` ``BINARY``, or ``primary_reward`` "binary") the same
+  claims with ids ending in "_01", family "mc_grpo_01"."""
   g0, g1 = sz.small_g, sz.large_g
   tag, fam = ("_01", "mc_grpo_01") if prefix or sz.primary_reward == "binary" else ("", "mc_grpo")
   a = lambda name: prefix + name  # noqa: E731
@@ -125,9 +121,8 @@ def base_claims(sz: Design) -> list[C.Claim]:
 def subtables(sz: Design) -> list[rl_table.Subtable]:
   """The gated sub-tables: the primary table, the 0/1 secondary and the other bases (their
   summaries under "binary" and "bases", None where the design does not run them)."""
-  def rows(prefix=""):
-    return {n: f"G={g}, {LABELS[bl]}" for n, (g, bl) in arm_names(sz, prefix).items()}
-
+  rows = lambda prefix="": {  # noqa: E731
+      n: f"G={g}, {LABELS[bl]}" for n, (g, bl) in arm_names(sz, prefix).items()}
   return [rl_table.Subtable(
       "", "0/1" if sz.primary_reward == "binary" else "graded", rows(), primary_family(sz),
       "## Paper claims", rl_table.gate_intro(
@@ -147,10 +142,9 @@ def subtables(sz: Design) -> list[rl_table.Subtable]:
           "Holm family).", rl_table.sub_outcome("every base learns at G=2", "for a base"))]
 
 
-# Each baseline's recipe, its arguments, and how many rollouts beyond G a group has.
-FLIP_RECIPES = {"mean": ("grpo", {}, 0), "median": ("mc_grpo", {}, 1),
-                "mean_drop": ("mc_grpo", {"baseline": "mean"}, 1),
-                "mean_random": ("mc_grpo", {"baseline": "mean_random"}, 1)}
+# Each baseline's recipe, its arguments and how many rollouts beyond G a group has (its arm's).
+FLIP_RECIPES = {bl: (o["recipe"], o["recipe_args"], o["group_size"] - 1)
+                for bl in BASELINES for o in [overrides(1, bl)]}
 
 
 def sign_flip_unit(sz: Design, cfgs: dict, config: dict) -> dict:
@@ -185,9 +179,8 @@ def _judge_table(results: dict, sz: Design, prefix: str = "") -> dict:
   prim, t = rl_table.gated(results, arm_names(sz, prefix), claims(sz, prefix), METRIC, sz.window,
                            "mc_grpo")
   g0, g1 = f"{prefix}G{sz.small_g}", f"{prefix}G{sz.large_g}"
-  return {**t,
-          "vs": {bl: R.diff_cell(prim[f"{g0}-median"], prim[f"{g0}-{bl}"])
-                 for bl in BASELINES if bl != "median"},
+  return {**t, "vs": {bl: R.diff_cell(prim[f"{g0}-median"], prim[f"{g0}-{bl}"])
+                      for bl in BASELINES if bl != "median"},
           "gap": R.diff_cell(prim[f"{g1}-mean"], prim[f"{g0}-mean"]),
           "gap_closed": rl_table.gap_fraction(prim[f"{g0}-mean"], prim[f"{g0}-median"],
                                               prim[f"{g1}-mean"])}
@@ -200,7 +193,6 @@ def summarize(report: dict) -> dict:
   s["binary"] = _judge_table(results, sz, BINARY) if sz.binary_secondary else None
   s["bases"] = (rl_table.gated(results, base_arm_names(sz), base_claims(sz), METRIC, sz.window,
                                "mc_grpo", s["start_pass@1"])[1] if sz.bases else None)
-  # The mechanism claim, about opposite-sign rates pooled over rollouts (not over seeds).
   return rl_table.sign_flip_verdict(rl_table.merge_subtables(s, ("binary", "bases")), C.Claim(
       "median_fewer_sign_flips", "the median gives fewer opposite-sign advantages (graded reward)",
       "opposite-sign rate, graded reward", (f"median G={sz.small_g}", f"mean G={sz.small_g}"),
@@ -241,12 +233,11 @@ def render(report: dict) -> str:
 
 def plot(report: dict, out_dir: str) -> list[str]:
   results, sz = report["data"]["arms"], Design.of(report["config"])
-  paths = [rl_table.curves_plot(results, {
-      name: dict(marker="o", linestyle=style, color=f"C{i}", label=f"{rw}: G={g}, {LABELS[bl]}")
-      for prefix, style, rw in [("", "-", "graded")] + (
-          [(BINARY, ":", "0/1")] if sz.binary_secondary else [])
-      for i, (name, (g, bl)) in enumerate(arm_names(sz, prefix).items())}, METRIC,
-      "test pass@1 (mean over seeds)", out_dir, "learning_curves.png")]
+  paths = [rl_table.curves_plot(results, {  # the primary and 0/1 tables' arms
+      n: dict(marker="o", linestyle=style, color=f"C{i}", label=f"{sub.label}: {label}")
+      for sub, style in zip(subtables(sz)[:2], "-:") for i, (n, label) in enumerate(
+          sub.arms.items()) if n in results}, METRIC, "test pass@1 (mean over seeds)", out_dir,
+      "learning_curves.png")]
   return paths + rl_table.sign_flip_plot(rl_table.sign_flips(report), [sz.small_g, sz.large_g],
                                          out_dir)
 
