@@ -14,7 +14,10 @@ numbers: paired comparisons between arms are sharper). Seeds share their step-0 
 step-0 evaluation runs once per arm.
 
 ``arm_units`` makes each arm a ``harness.Unit`` (one vmapped seed block), which the harness caches
-by the arm's config and seeds, so a rerun of an experiment trains only the missing arms.
+by the arm's config and seeds, so a rerun of an experiment trains only the missing arms. The
+tables' analyses beside the arms sample the SFT policy here too: ``sample_rows``, the fresh-group
+sign flips of recipes' advantages (``fresh_group_sign_flips``, with the testbed's rewards from
+``arithmetic_rewards``) and the advantage mass by group accuracy (``advantage_mass``).
 """
 
 from __future__ import annotations

@@ -7,16 +7,21 @@ testbed needs besides its own design and claims.
   trained as vmapped seed blocks (``arm_units``, ``experiments/rl_seeds.py``), and analyses on
   the SFT start beside them (``sft_analysis``);
 * the evaluation windows (``window_values``: the per-seed mean of the last ``window``
-  evaluations, step 0 excluded), the start the gate is judged against (``start_of``), the
-  standard cells and differences (``cells``), the gated verdicts (``judged``) and the gated
-  summary of a table judged on one metric (``gated``);
+  evaluations, step 0 excluded), training metrics per step (``train_mean``, ``step_means``), the
+  start the gate is judged against (``start_of``), the standard cells and differences
+  (``cells``), the gated verdicts (``judged``) and the gated summary of a table judged on one
+  metric (``gated``, its sub-tables' verdicts merged by ``merge_subtables``);
 * the statistics a table reports beside its claims: ``gap_fraction`` (a BCa ratio of three arms),
-  ``contrast`` (a signed sum of independent arms' means) and ``interaction`` (of a 2x2);
-* the renderer of the standard sections: the header (``header``), markdown tables
-  (``md_table``), the paper-claims section with its gate (``claims_section``), gated sub-tables
-  as data (``Subtable``: their arms' rows and claims sections), and the plots (``curve``,
-  ``passk_axes``, ``save``);
-* the full-size runs of a table's arms as its config and data (``from_full``).
+  ``contrast`` (a signed sum of independent arms' means), ``interaction`` (of a 2x2) and
+  ``mass_peak`` (where an advantage-mass curve peaks);
+* the renderer of the standard sections: the title and first paragraph (``header``), markdown
+  tables (``md_table``, ``step_means_table``), the paper-claims section with its gate
+  (``claims_section``), gated sub-tables as data (``Subtable``: their arms' rows and claims
+  sections), and the plots (``curve``, ``curves_plot``, ``passk_figure``, ``save``);
+* the SFT-policy analyses of ``experiments/rl_seeds.py`` rendered: fresh-group sign flips
+  (``sign_flip_section``, ``sign_flip_plot``, the two-proportion claim ``sign_flip_verdict``)
+  and the advantage mass by group accuracy (``advantage_mass_section``, ``advantage_mass_plot``);
+* the full-size runs of a table's arms as its config and data (``from_full``, ``check_prefix``).
 """
 
 from __future__ import annotations
