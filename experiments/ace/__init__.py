@@ -67,8 +67,8 @@ class Design(rl_table.Design):
 
 def design(quick: bool) -> Design:
   return Design(seeds=2, steps=3, eval_every=1, window=2, group_size=4, eval_problems=8,
-                eval_samples=8, min_seeds=2, base=dict(rl_seeds.QUICK_SFT, num_prompts=4)
-                ) if quick else Design()
+                eval_samples=8, min_seeds=2,
+                base=dict(rl_seeds.QUICK_SFT, num_prompts=4)) if quick else Design()
 
 
 def main_arm(sz: Design) -> str:

@@ -56,8 +56,7 @@ def primary_family(sz: Design) -> str:
 def design(quick: bool) -> Design:
   return Design(seeds=2, steps=3, eval_every=1, window=2, eval_problems=8, eval_samples=4,
                 large_g=4, min_seeds=2, flip_prompts=8, flip_reference=8, flip_pool=12,
-                base=dict(rl_seeds.QUICK_SFT, num_prompts=4, eval_batch=32)
-                ) if quick else Design()
+                base=dict(rl_seeds.QUICK_SFT, num_prompts=4, eval_batch=32)) if quick else Design()
 
 
 def base_config(sz: Design, *, graded: bool = True) -> dict:
