@@ -553,8 +553,8 @@ def sign_flip_verdict(s: dict, claim: claims_lib.Claim, flips: Mapping | None, k
                       names: Sequence[str], key: str = "rates") -> dict:
   """``s`` with ``s[key]``: ``claims.judge_proportions`` of ``claim`` (its arms "<recipe>
   G=<g>") on the opposite-sign rates of ``flips`` (``sign_flips``), pooled over rollouts:
-  recipes ``names`` at G ``g`` on reward ``kind``, its verdict among ``s["verdicts"]``; None
-  without ``flips`` (full-size runs)."""
+  recipes ``names`` at G ``g`` on reward ``kind``, its verdict among ``s["verdicts"]`` (``s[key]``
+  None without ``flips``: full-size runs)."""
   s[key] = None if flips is None else claims_lib.judge_proportions(claim, {
       f"{n} G={g}": (flips[kind][n][g]["opposite"], flips[kind][n][g]["count"]) for n in names})
   if s[key]:
