@@ -221,6 +221,12 @@ def minutes(seconds: float | None) -> str:
   return "-" if seconds is None or not math.isfinite(seconds) else f"{seconds / 60:.1f}"
 
 
+def fmt_fraction(f: Mapping) -> str:
+  """A ratio with its interval and method (``rl_table.gap_fraction``): "+0.10 [-0.25, +0.36]
+  (method)"."""
+  return f"{f['fraction']:+.2f} [{f['lo']:+.2f}, {f['hi']:+.2f}] ({f['method']})"
+
+
 def fmt(c: Mapping | None, digits: int = 3) -> str:
   """A ``cell``/``diff_cell`` as '0.123 [0.100, 0.140]' ('+' signs for a difference; the mean
   alone without an interval)."""

@@ -14,18 +14,23 @@ numbers: paired comparisons between arms are sharper). Seeds share their step-0 
 step-0 evaluation runs once per arm.
 
 ``arm_units`` makes each arm a ``harness.Unit`` (one vmapped seed block), which the harness caches
-by the arm's config and seeds, so a rerun of an experiment trains only the missing arms.
+by the arm's config and seeds, so a rerun of an experiment trains only the missing arms. The
+tables' analyses beside the arms sample the SFT policy here too: ``sample_rows``, the fresh-group
+sign flips of recipes' advantages (``fresh_group_sign_flips``, with the testbed's rewards from
+``arithmetic_rewards``) and the advantage mass by group accuracy (``advantage_mass``).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlpost import objectives as O
+from rlpost.tasks import arithmetic
 from rlpost.train import rl
 
 # The toy setup of every RL experiment's ``--quick`` mode: a tiny policy on 1-2 digit addition.
@@ -36,6 +41,9 @@ QUICK_BASE = dict(num_train=200, num_test=40, eval_problems=0, init_params="", s
                   task_spec=dict(min_digits=1, max_digits=2, terms=2),
                   model=dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                              intermediate_size=64))
+# The RL tables' ``--quick`` start: a longer SFT that solves some problems (as the learning fixture
+# of tests/rl_testutil.py), so that rewards differ within groups and from a prompt's reference.
+QUICK_SFT = dict(QUICK_BASE, sft_steps=400, sft_lr=3e-3)
 
 # Per-step training metrics kept in the results (all seeds).
 TRAIN_KEYS = ("reward", "accuracy", "loss", "zero_variance_groups", "adv_abs", "truncated",
@@ -131,6 +139,65 @@ def sample_rows(trainer: rl.Trainer, idx: np.ndarray, key, chunk: int = 2048):
     toks.append(np.asarray(ro.tokens))
     masks.append(np.asarray(ro.mask))
   return np.concatenate(toks)[:r], np.concatenate(masks)[:r]
+
+
+def fresh_group_sign_flips(trainer: rl.Trainer, recipes: Mapping[str, tuple[str, dict, int]],
+                           gs: Sequence[int], rewards: Mapping[str, Callable], *, prompts: int,
+                           reference: int, pool: int, seed: int = 0) -> dict:
+  """Sign flips of recipes' small-group advantages on the reference policy, over fresh groups
+  (``objectives.fresh_group_sign_flips``). For each of the first ``prompts`` training prompts,
+  ``reference`` completions give the reference baseline b (the prompt's mean reward); a separate
+  pool of ``pool`` completions is cut into disjoint groups of G + ``extra`` rollouts, scored by
+  the advantage of recipe ``recipes[name] = (recipe, args, extra)``, for each G of ``gs``.
+  ``rewards``: {kind: fn(tokens, mask, prompt idx) -> [R] rewards}, each scoring the same
+  samples. Returns {kind: {name: {G: SignFlipRates.to_json()}}}."""
+  k_ref, k_pool, k_adv = jax.random.split(jax.random.key(seed), 3)
+  ref_idx = np.repeat(np.arange(prompts, dtype=np.int32), reference)
+  pool_idx = np.repeat(np.arange(prompts, dtype=np.int32), pool)
+  ref, fresh = sample_rows(trainer, ref_idx, k_ref), sample_rows(trainer, pool_idx, k_pool)
+  out = {}
+  for kind, reward in rewards.items():
+    b = np.asarray(reward(*ref, ref_idx)).reshape(prompts, reference).mean(axis=1)
+    r = np.asarray(reward(*fresh, pool_idx)).reshape(prompts, pool)
+    out[kind] = {name: {g: O.fresh_group_sign_flips(O.get_recipe(recipe, **args).advantage, r, b,
+                                                    g + extra, key=k_adv).to_json() for g in gs}
+                 for name, (recipe, args, extra) in recipes.items()}
+  return out
+
+
+def arithmetic_rewards(trainer: rl.Trainer) -> dict:
+  """{"binary", "graded"}: the arithmetic task's 0/1 and graded rewards of completions of the
+  trainer's training prompts, each fn(tokens, mask, prompt idx) -> [R] rewards (the ``rewards``
+  of ``fresh_group_sign_flips``)."""
+  data = trainer.train_data
+
+  def reward(graded: bool):
+    return lambda tokens, mask, idx: arithmetic.reward(
+        jnp.asarray(tokens), jnp.asarray(mask), data.answer[idx], data.answer_len[idx],
+        trainer.tok, graded=graded)[0]
+
+  return {"binary": reward(False), "graded": reward(True)}
+
+
+def advantage_mass(trainer: rl.Trainer, recipes: Mapping[str, Mapping], prompts: int, n: int,
+                   *, seed: int = 0) -> dict:
+  """The cumulative |advantage| of a group (the sum of |A_i| over its ``n`` rollouts) against the
+  group's accuracy, on the reference policy: the first ``prompts`` training prompts x ``n``
+  rollouts, scored by the advantage of each recipe ``name`` with arguments ``recipes[name]``.
+  Returns {"accuracy": the levels j / n, "groups": the groups at each level, name: the mean
+  cumulative |A| of those groups (nan at a level without groups)}."""
+  idx = jnp.repeat(jnp.arange(prompts, dtype=jnp.int32), n)
+  ro = jax.jit(trainer.sample)(trainer.ref_params, idx, jax.random.key(seed))
+  batch = O.RolloutBatch(group_id=idx, valid=jnp.ones((prompts * n,), bool), tokens=ro.tokens,
+                         token_mask=ro.mask, rewards=ro.rewards)
+  acc = np.asarray(ro.correct).reshape(prompts, n).mean(axis=1)
+  at = [np.isclose(acc, j / n) for j in range(n + 1)]
+  out = {"accuracy": [j / n for j in range(n + 1)], "groups": [int(np.sum(m)) for m in at]}
+  for name, args in recipes.items():
+    adv, _ = O.compute_advantages(O.get_recipe(name, **args).advantage, batch)
+    cum = np.abs(np.asarray(adv.values)).reshape(prompts, n).sum(axis=1)
+    out[name] = [float(cum[m].mean()) if np.any(m) else float("nan") for m in at]
+  return out
 
 
 def final_metric(arm: dict, key: str = "pass@1") -> np.ndarray:

@@ -7,16 +7,21 @@ testbed needs besides its own design and claims.
   trained as vmapped seed blocks (``arm_units``, ``experiments/rl_seeds.py``), and analyses on
   the SFT start beside them (``sft_analysis``);
 * the evaluation windows (``window_values``: the per-seed mean of the last ``window``
-  evaluations, step 0 excluded), the start the gate is judged against (``start_of``), the
-  standard cells and differences (``cells``), the gated verdicts (``judged``) and the gated
-  summary of a table judged on one metric (``gated``);
+  evaluations, step 0 excluded), training metrics per step (``train_mean``, ``step_means``), the
+  start the gate is judged against (``start_of``), the standard cells and differences
+  (``cells``), the gated verdicts (``judged``) and the gated summary of a table judged on one
+  metric (``gated``, its sub-tables' verdicts merged by ``merge_subtables``);
 * the statistics a table reports beside its claims: ``gap_fraction`` (a BCa ratio of three arms),
-  ``contrast`` (a signed sum of independent arms' means) and ``interaction`` (of a 2x2);
-* the renderer of the standard sections: the header (``header``), markdown tables
-  (``md_table``), the paper-claims section with its gate (``claims_section``), gated sub-tables
-  as data (``Subtable``: their arms' rows and claims sections), and the plots (``curve``,
-  ``passk_axes``, ``save``);
-* the full-size runs of a table's arms (``full_runs``).
+  ``contrast`` (a signed sum of independent arms' means), ``interaction`` (of a 2x2) and
+  ``mass_peak`` (where an advantage-mass curve peaks);
+* the renderer of the standard sections: the title and first paragraph (``header``), markdown
+  tables (``md_table``, ``step_means_table``), the paper-claims section with its gate
+  (``claims_section``), gated sub-tables as data (``Subtable``: their arms' rows and claims
+  sections), and the plots (``curve``, ``curves_plot``, ``passk_figure``, ``save``);
+* the SFT-policy analyses of ``experiments/rl_seeds.py`` rendered: fresh-group sign flips
+  (``sign_flip_section``, ``sign_flip_plot``, the two-proportion claim ``sign_flip_verdict``)
+  and the advantage mass by group accuracy (``advantage_mass_section``, ``advantage_mass_plot``);
+* the full-size runs of a table's arms as its config and data (``from_full``, ``check_prefix``).
 """
 
 from __future__ import annotations
@@ -121,10 +126,10 @@ def experiment(name: str, design, arms, base_config, *, analyses=None,
 def sft_analysis(key: str, cfg: Mapping, spec: Mapping, fn) -> dict:
   """{key: harness.Unit}: ``fn(trainer)`` on the SFT start of RLConfig dict ``cfg`` (an analysis
   beside the arms); its spec is ``cfg`` under ``key`` and ``spec``, and the file defining ``fn``
-  counts in its code version."""
+  and ``experiments/rl_seeds.py`` (the analyses' sampling) count in its code version."""
   return {key: harness.Unit(
       {key: cfg, **spec}, lambda progress: fn(rl.make_train(cfg, log=lambda s: None)),
-      code=(inspect.getsourcefile(fn),))}
+      code=(inspect.getsourcefile(fn), inspect.getsourcefile(rl_seeds)))}
 
 
 def setting(d: Design, cfg: Mapping, tail: str = "") -> str:
@@ -170,6 +175,13 @@ def train_mean(arm: Mapping, key: str) -> np.ndarray:
   return v[len(v) // 2:].mean(axis=0)
 
 
+def step_means(results: Mapping, keys: Sequence[str]) -> dict:
+  """{arm: {key: its mean over steps and seeds}} of the training metrics ``keys`` an arm logs,
+  over the arms that log any of them."""
+  return {n: {k: float(np.mean(a["train"][k])) for k in keys if k in a["train"]}
+          for n, a in results.items() if any(k in a["train"] for k in keys)}
+
+
 def start_of(arm: Mapping, keys: Sequence[str]) -> dict:
   """{key: the step-0 evaluation} (every seed shares it)."""
   first = arm["evals"][0]["per_seed"]
@@ -198,17 +210,40 @@ def family(s: Mapping, name: str) -> list[dict]:
 
 
 def gated(results: Mapping, names, claims: Sequence[claims_lib.Claim], metric: str, window: int,
-          start: float, table: str) -> tuple[dict, dict]:
+          table: str, start: float | None = None) -> tuple[dict, dict]:
   """(per-seed ``metric`` of the arms ``names``, their summary: each arm's cell, gain over the
   SFT start ``start``, final evaluation and seconds, and the gated verdicts of ``claims``, whose
-  gate claims are on the metric "gain")."""
+  gate claims are on the metric "gain"); ``start`` None: the first arm's step-0 evaluation, first
+  in the summary as "start_<metric>"."""
   prim = {n: window_mean(results[n], metric, window) for n in names}
+  own = start is None
+  start = start_of(results[next(iter(names))], [metric])[metric] if own else start
   return prim, {
+      **({f"start_{metric}": start} if own else {}),
       "cells": {n: report.cell(v) for n, v in prim.items()},
       "gains": {n: report.cell(v - start) for n, v in prim.items()},
       "final_eval": {n: report.cell(rl_seeds.final_metric(results[n], metric)) for n in names},
       "arm_seconds": {n: results[n]["seconds"] for n in names},
       **judged(claims, {"gain": prim, metric: prim}, start, table)}
+
+
+def mass_peak(curve: Mapping, recipe: str, at: float, tol: float) -> tuple[float, str]:
+  """(the accuracy where recipe ``recipe``'s cumulative |advantage| of ``rl_seeds.advantage_mass``
+  peaks, "holds" when it lies within ``tol`` of ``at``, else "fails"; "inconclusive" where fewer
+  than 3 accuracy levels were observed)."""
+  acc, mass = np.asarray(curve["accuracy"]), np.asarray(curve[recipe], np.float64)
+  peak = float(acc[np.nanargmax(mass)]) if np.any(np.isfinite(mass)) else float("nan")
+  return peak, ("inconclusive" if np.sum(np.isfinite(mass)) < 3
+                else "holds" if abs(peak - at) <= tol else "fails")
+
+
+def merge_subtables(s: dict, keys: Sequence[str]) -> dict:
+  """``s`` with the verdicts and arm seconds of its sub-table summaries ``s[key]`` (those not
+  None) added to its own."""
+  for t in filter(None, (s[k] for k in keys)):
+    s["verdicts"].update(t["verdicts"])
+    s["arm_seconds"].update(t["arm_seconds"])
+  return s
 
 
 def gap_fraction(low, mid, high, *, level: float = 0.95, n_resamples: int = 9999,
@@ -253,23 +288,22 @@ def interaction(values: Mapping, both: str, second: str, first: str, base: str,
 
 
 # --------------------------------------------------------------------------------- rendering
-def title(report_: Mapping, name: str) -> str:
-  return f"# {name} at {'full size' if report_.get('full') else 'CPU scale'}"
-
-
-def header(report_: Mapping, d: Design, s: Mapping, setting: str, metric: str, mde_of: str,
-           paper: Sequence[Mapping], start: str, start_first: bool = False) -> str:
-  """The table's first paragraph: the command, seeds and setting, the primary metric, the
-  minimum detectable effect of ``paper``'s claims, wall time and provenance, what the cells are
-  and the SFT start (``start``, before the minimum detectable effect when ``start_first``)."""
-  mdes = [c["mde"] for c in paper]
+def header(report_: Mapping, name: str, d: Design, s: Mapping, *, setting: str, metric: str,
+           claims: tuple[str, str], start: str, start_first: bool = False) -> list[str]:
+  """The table's title (``name`` at CPU scale or full size) and first paragraph: the command,
+  seeds and ``setting``, the primary ``metric``, the minimum detectable effect of the claims
+  ``claims`` (their family in ``s``, their name in words), wall time and provenance, what the
+  cells are and the SFT start (``start``, before the minimum detectable effect when
+  ``start_first``)."""
+  mde_of, mdes = claims[1], [c["mde"] for c in family(s, claims[0])]
   lead = [f"`{report_['command']}`: {report.seeds_note(d, s['seeds_from_power'])}, {setting}.",
           f"Primary {metric} ({d.eval_problems or 'all'} problems x {d.eval_samples} samples), "
           f"the mean of each seed's last {d.window} evaluations."]
   rest = [f"Minimum detectable effect of the {mde_of}: {min(mdes):.3f}-{max(mdes):.3f}.",
           report.wall_time(report_), CELLS_NOTE]
   start = f"SFT start: {start}."
-  return " ".join(lead + ([start] + rest if start_first else rest + [start]))
+  return [f"# {name} at {'full size' if report_.get('full') else 'CPU scale'}", "",
+          " ".join(lead + ([start] + rest if start_first else rest + [start])), ""]
 
 
 def md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -291,6 +325,15 @@ def arm_tables(s: Mapping, keys: Sequence[str], head: Sequence[str], diffs: Mapp
                     [[n, *(report.fmt(g[k]) for k in keys)] for n, g in diffs.items()]), ""]
 
 
+def step_means_table(means: Mapping, cols: Mapping[str, tuple[str, str]]) -> list[str]:
+  """A row per arm of ``step_means``'s ``means``: the columns {key: (heading, format)} of
+  ``cols`` that some arm logs (nan where another does not)."""
+  keys = [k for k in cols if any(k in m for m in means.values())]
+  return md_table(["arm", *(cols[k][0] for k in keys)],
+                  [[n, *(format(m.get(k, float("nan")), cols[k][1]) for k in keys)]
+                   for n, m in means.items()])
+
+
 def gate_intro(what: str, claims: str, gate: str = "gate") -> str:
   return (f"The {gate} ({what}, one-sample t against it) must pass before the {claims} claims "
           "are read:")
@@ -298,9 +341,10 @@ def gate_intro(what: str, claims: str, gate: str = "gate") -> str:
 
 def gate_outcome(who: str, claims: str, where: str = "") -> tuple[str, str]:
   """(passed, failed): the sentences under a table's gate."""
+  which = f"the {claims} claims" if claims else "the claims"
   return (f"Gate passed: {who} learns{where}.",
-          f"**Gate failed**: {who} did not demonstrably learn{where}, so the {claims}claims below "
-          "compare arms of a testbed where the base method does not learn.")
+          f"**Gate failed**: {who} did not demonstrably learn{where}, so {which} below compare "
+          "arms of a testbed where the base method does not learn.")
 
 
 def claims_section(s: Mapping, name: str, heading: str, intro: str,
@@ -397,6 +441,19 @@ def curve(ax, arm: Mapping, key: str, **kw):
           [np.mean([x[key] for x in e["per_seed"]]) for e in arm["evals"]], **kw)
 
 
+def curves_plot(results: Mapping, lines: Mapping[str, Mapping], key: str, ylabel: str,
+                out_dir: str, name: str, figsize: tuple[float, float] = (6, 3.6)) -> str:
+  """Metric ``key`` at each evaluation (``curve``) of each arm of ``lines`` {arm: its line's
+  keywords}, on one panel."""
+  fig, ax = pyplot().subplots(figsize=figsize)
+  for n, kw in lines.items():
+    curve(ax, results[n], key, **kw)
+  ax.set(xlabel="RL step", ylabel=ylabel)
+  ax.legend(fontsize=6)
+  ax.grid(alpha=0.3)
+  return save(fig, out_dir, name)
+
+
 def passk_axes(ax, ks: Sequence[int], cells_: Mapping, start: Mapping, suffix: str = "",
                width=None):
   """pass@k against k (log 2) with error bars over seeds for each arm, and the SFT start;
@@ -408,6 +465,114 @@ def passk_axes(ax, ks: Sequence[int], cells_: Mapping, start: Mapping, suffix: s
   ax.set_xscale("log", base=2)
   ax.set_xlabel("k")
   ax.grid(alpha=0.3)
+
+
+def passk_figure(s: Mapping, out_dir: str, figsize: tuple[float, float],
+                 panels: Sequence[tuple[str, str | None]] = (("", None),), width=None,
+                 name: str = "passk.png") -> str:
+  """pass@k against k of every arm of summary ``s`` (its "ks", "cells" and "start"), a panel per
+  (metric suffix, title) of ``panels`` (``passk_axes``)."""
+  fig, axes = pyplot().subplots(1, len(panels), figsize=figsize, squeeze=False)
+  for ax, (suffix, title) in zip(axes[0], panels):
+    passk_axes(ax, s["ks"], s["cells"], s["start"], suffix, width)
+    if title:
+      ax.set_title(title)
+  axes[0][0].set_ylabel("test pass@k (last-3 mean)")
+  axes[0][0].legend(fontsize=7)
+  return save(fig, out_dir, name)
+
+
+def advantage_mass_section(curve: Mapping, labels: Mapping[str, str], n: int) -> list[str]:
+  """The table of ``rl_seeds.advantage_mass``'s ``curve`` on the SFT policy: the groups at each
+  accuracy level and a row per recipe (``labels``: {recipe: its advantage in words})."""
+  return [f"## Cumulative |advantage| per group vs group accuracy (SFT policy, N={n})", "",
+          *md_table(["accuracy", *(f"{a:.3g}" for a in curve["accuracy"])], [
+              ["groups", *map(str, curve["groups"])],
+              *([f"sum abs(A), {label}", *(f"{v:.2f}" for v in curve[name])]
+                for name, label in labels.items())]), ""]
+
+
+def advantage_mass_plot(curve: Mapping, labels: Mapping[str, str], out_dir: str,
+                        name: str = "cumulative_advantage.png") -> str:
+  """``rl_seeds.advantage_mass``'s ``curve``: a line per recipe (``labels``: {recipe: legend})."""
+  fig, ax = pyplot().subplots(figsize=(4.8, 3.4))
+  for (recipe, label), style in zip(labels.items(), ("o-", "s--", "^:", "v-.")):
+    ax.plot(curve["accuracy"], curve[recipe], style, label=label)
+  ax.set(xlabel="group accuracy", ylabel="cumulative |advantage| of the group")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  return save(fig, out_dir, name)
+
+
+def sign_flips(report_: Mapping, key: str = "sign_flips") -> dict | None:
+  """The analysis ``rl_seeds.fresh_group_sign_flips`` of a report's data under ``key``, its G keys
+  back to integers (JSON keeps them as strings); None where the data has none (full-size runs)."""
+  if key not in report_["data"]:
+    return None
+  return {k: {n: {int(g): v for g, v in d.items()} for n, d in r.items()}
+          for k, r in report_["data"][key].items()}
+
+
+def sign_flip_section(flips: Mapping | None, labels: Mapping[str, str], gs: Sequence[int],
+                      prompts: int, reference: int, pool: int) -> list[str]:
+  """The table of ``rl_seeds.fresh_group_sign_flips``'s rates ``flips`` (its ``prompts``,
+  ``reference`` and ``pool``): a row per reward kind and recipe (named ``labels[recipe]``), the
+  opposite / zeroed / correct rates at each G of ``gs``; none without ``flips``."""
+  return [] if flips is None else [
+      "## Advantage sign flips on the SFT policy", "",
+      f"Reference: the mean reward of {reference} samples per prompt, {prompts} prompts; groups "
+      f"cut from a separate pool of {pool} fresh completions per prompt. Over rollouts that reach "
+      "the loss and whose reward differs from the reference: opposite sign(A) = -sign(r - b), "
+      "zeroed A = 0, correct sign the rest.", "",
+      *md_table(["reward", "baseline", *(f"G={g} opposite / zeroed / correct" for g in gs)],
+                [[kind, labels[n], *(" / ".join(f"{per[n][g][k]:.3f}" for k in (
+                    "opposite", "zeroed", "correct")) for g in gs)]
+                 for kind, per in flips.items() for n in per])]
+
+
+def sign_flip_plot(flips: Mapping | None, gs: Sequence[int], out_dir: str,
+                   name: str = "sign_flips.png") -> list[str]:
+  """[path]: the opposite and zeroed rates of ``flips`` (``sign_flip_section``) against G, a
+  panel per reward kind; [] without ``flips``."""
+  if flips is None:
+    return []
+  fig, axes = pyplot().subplots(1, len(flips), figsize=(8, 3.2), sharey=True, squeeze=False)
+  axes = axes[0]
+  for ax, (kind, per) in zip(axes, flips.items()):
+    for n, rates in per.items():
+      ax.plot(gs, [rates[g]["opposite"] for g in gs], "o-", label=f"{n}: opposite")
+      ax.plot(gs, [rates[g]["zeroed"] for g in gs], "s--", label=f"{n}: zeroed")
+    ax.set(title=f"{kind} reward", xlabel="G")
+    ax.grid(alpha=0.3)
+  axes[0].set_ylabel("fraction of counted rollouts")
+  axes[0].legend(fontsize=6)
+  return [save(fig, out_dir, name)]
+
+
+def sign_flip_verdict(s: dict, claim: claims_lib.Claim, flips: Mapping | None, kind: str, g: int,
+                      names: Sequence[str], key: str = "rates") -> dict:
+  """``s`` with ``s[key]``: ``claims.judge_proportions`` of ``claim`` (its arms "<recipe>
+  G=<g>") on the opposite-sign rates of ``flips`` (``sign_flips``), pooled over rollouts:
+  recipes ``names`` at G ``g`` on reward ``kind``, its verdict among ``s["verdicts"]`` (``s[key]``
+  None without ``flips``: full-size runs)."""
+  s[key] = None if flips is None else claims_lib.judge_proportions(claim, {
+      f"{n} G={g}": (flips[kind][n][g]["opposite"], flips[kind][n][g]["count"]) for n in names})
+  if s[key]:
+    s["verdicts"][claim.id] = s[key]["verdict"]
+  return s
+
+
+def sign_flip_verdict_rows(r: Mapping | None, flips: Mapping | None, kind: str, g: int,
+                           names: Sequence[str], what: str) -> list[str]:
+  """The rows and note of ``sign_flip_verdict``'s ``r`` (``what``: the claim in words), or the
+  sentence that full-size runs do not carry it."""
+  if r is None:
+    return [cpu_only(f"{what} (opposite-sign rates)"), ""]
+  return [*report.proportions_rows(r, [flips[kind][n][g]["opposite"] for n in names], "rollouts"),
+          "", report.proportions_note(
+              r, f"{what} compares opposite-sign rates pooled over rollouts",
+              "from the \"Advantage sign flips\" table, fresh groups", "rollouts",
+              "groups of the same prompts"), ""]
 
 
 # --------------------------------------------------------------------------------- full size
@@ -423,15 +588,39 @@ def full_runs(table: str, runs_dir: str, arms: Mapping[str, dict], select,
   return found
 
 
-def full_design(cls, found: Mapping, cfg: Mapping, **kw):
-  """The design ``cls`` of full-size runs ``found`` (``full_runs``) whose arm of config ``cfg``
-  sets the steps and evaluation: the fewest seeds of any arm, the stated power plan
-  (``experiments/full_size.py``) and the fields ``kw``."""
+def check_prefix(table: str, prefix: str, prefixes: Sequence[str] = ("",)):
+  """RunsError unless ``--prefix`` ``prefix`` is one of ``prefixes`` (("",): none is taken)."""
+  if prefix not in prefixes:
+    raise runs.RunsError(
+        f"{table} --full: " + (f"--prefix must be {' or '.join(map(repr, prefixes))} (one "
+                               f"dataset per table), got {prefix!r}" if any(prefixes) else
+                               f"the table has one set of arms, no --prefix (got {prefix!r})"))
+
+
+def from_full(table: str, runs_dir: str, full: Mapping[str, dict], arms: Mapping[str, str],
+              design: Design, ref: str, fields, setting, *, required: Sequence[str] | None = None,
+              label: str = "full size", nest: bool = True) -> tuple[dict, dict]:
+  """Full-size runs as a table's (config, data): the runs of ``arms`` {arm of ``full`` (a
+  full.py ``FULL``): the table arm it stands for} (``full_runs``; every arm of ``required``, all
+  by default, must have runs); the config is ``design`` at the steps and evaluation of table arm
+  ``ref``'s config, the fewest seeds of any arm, the stated power plan
+  (``experiments/full_size.py``) and the fields ``fields(cfgs)``, ``cfgs`` being {table arm:
+  config} of the arms found; its setting reads "``label`` (experiments/``table``/full.py:
+  ``setting(design, cfgs)``)" with the seeds per arm where they differ (``uneven``). The data
+  holds the arms found, in the order of ``arms``, under "arms" (``nest``) or as itself."""
   from experiments.full_size import power_fields
 
-  return cls(**dict(dict(seeds=min(len(r["seeds"]) for r in found.values()), steps=cfg["steps"],
-                         eval_every=cfg["eval_every"], eval_problems=cfg["eval_problems"],
-                         eval_samples=cfg["eval_samples"], **power_fields()), **kw))
+  found = full_runs(table, runs_dir, full, arms, list(arms) if required is None else required)
+  data = {arms[n]: found[n] for n in arms if n in found}
+  cfgs, cfg = {n: r["config"] for n, r in data.items()}, data[ref]["config"]
+  d = dataclasses.replace(
+      design, seeds=min(len(r["seeds"]) for r in data.values()), steps=cfg["steps"],
+      eval_every=cfg["eval_every"], eval_problems=cfg["eval_problems"],
+      eval_samples=cfg["eval_samples"], **power_fields(), **fields(cfgs))
+  seeds = {n: len(r["seeds"]) for n, r in data.items()}
+  d = dataclasses.replace(d, setting=f"{label} (experiments/{table}/full.py: "
+                          f"{setting(d, cfgs)}{uneven(seeds)})")
+  return dataclasses.asdict(d), {"arms": data} if nest else data
 
 
 def uneven(seeds: Mapping[str, int]) -> str:

@@ -66,12 +66,9 @@ class Design(rl_table.Design):
 
 
 def design(quick: bool) -> Design:
-  if not quick:
-    return Design()
-  tiny = dict(rl_seeds.QUICK_BASE, num_prompts=4, sft_steps=400, sft_lr=3e-3,
-              task_spec=dict(min_digits=1, max_digits=2, terms=2))
   return Design(seeds=2, steps=3, eval_every=1, window=2, group_size=4, eval_problems=8,
-               eval_samples=8, min_seeds=2, base=tiny)
+                eval_samples=8, min_seeds=2,
+                base=dict(rl_seeds.QUICK_SFT, num_prompts=4)) if quick else Design()
 
 
 def main_arm(sz: Design) -> str:
@@ -161,11 +158,10 @@ def render(report: dict) -> str:
   kmax, head = max(ks), [*(f"pass@{k}" for k in ks), "token entropy"]
   start = ", ".join(f"pass@{k} {s['start'][f'pass@{k}']:.3f}" for k in ks)
   return "\n".join([
-      rl_table.title(report, "ACE"), "",
-      rl_table.header(report, sz, s, f"{sz.steps} RL steps, G={sz.group_size}, "
-                      + rl_table.setting(sz, base_config(sz), ", no KL"),
-                      f"metric: test pass@{kmax}", "ACE claims", paper,
-                      f"{start}, token entropy {s['start']['token_entropy']:.3f}"), "",
+      *rl_table.header(report, "ACE", sz, s, setting=f"{sz.steps} RL steps, G={sz.group_size}, "
+                       + rl_table.setting(sz, base_config(sz), ", no KL"),
+                       metric=f"metric: test pass@{kmax}", claims=("ace", "ACE claims"),
+                       start=f"{start}, token entropy {s['start']['token_entropy']:.3f}"),
       *rl_table.arm_tables(
           s, cols, head + ["overconfident errors (2nd half)"], s["gain"], "ACE minus GRPO",
           head + ["overconfident errors"],
@@ -186,7 +182,7 @@ def render(report: dict) -> str:
       *rl_table.claims_section(
           s, "ace", f"## Paper claims (main arm, pre-declared: {s['main']})",
           rl_table.gate_intro("GRPO's pass@1 over the SFT start", "ACE"),
-          rl_table.gate_outcome("GRPO", "ACE "),
+          rl_table.gate_outcome("GRPO", "ACE"),
           f"{s['main']} against {sz.base_arm}, {sz.seeds} seeds per arm; one Holm family of "
           f"{len(paper)} claims. Exploratory arms are not judged."),
       R.rules_note(s["claims"]),
@@ -199,12 +195,8 @@ def render(report: dict) -> str:
 def plot(report: dict, out_dir: str) -> list[str]:
   results, s, plt = report["data"], report["summary"], rl_table.pyplot()
   main = (report["config"].get("base_arm", "grpo"), s["main"])
-  fig, ax = plt.subplots(figsize=(5.5, 3.6))
-  rl_table.passk_axes(ax, s["ks"], s["cells"], s["start"],
-                      width=lambda n: 2.5 if n in main else 1)
-  ax.set_ylabel("test pass@k (last-3 mean)")
-  ax.legend(fontsize=7)
-  paths = [rl_table.save(fig, out_dir, "passk.png")]
+  paths = [rl_table.passk_figure(s, out_dir, (5.5, 3.6),
+                                 width=lambda n: 2.5 if n in main else 1)]
   fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
   for n in main:
     for ax, key in zip(axes[:2], ("overconfident_errors", "shift_wrong_p50")):
@@ -226,20 +218,19 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   from experiments.ace import full
 
   main = f"ace-dapo-{full.MAIN_ALPHA}"
-  found = rl_table.full_runs("ace", runs_dir, full.FULL,
-                             [n for n in full.FULL if n.startswith(prefix)], ("dapo", main))
-  for name, arm in found.items():
+  names = sorted((n for n in full.FULL if n.startswith(prefix)),
+                 key=lambda n: (n != "dapo", n != main, n))
+  config, data = rl_table.from_full(
+      "ace", runs_dir, full.FULL, {n: n for n in names}, Design(), main,
+      lambda c: dict(group_size=c[main]["group_size"], main_alpha=full.MAIN_ALPHA,
+                     base_arm="dapo", main_name=main),
+      lambda d, c: f"{c[main]['task']}, {c[main]['num_prompts']} prompts per step, lr "
+      f"{c[main]['lr']:g}, DAPO base", required=("dapo", main), nest=False)
+  for name, arm in data.items():
     if any(k not in arm["train"] for k in ("overconfident_errors",) + SELECTIVITY):
       raise runs.RunsError(f"ace --full: the runs of {name} ({arm['runs'][0]}) logged no "
                            "confidence diagnostics; run them with log_confidence=true")
-  cfg = found[main]["config"]
-  sz = rl_table.full_design(
-      Design, found, cfg, group_size=cfg["group_size"], main_alpha=full.MAIN_ALPHA,
-      base_arm="dapo", main_name=main,
-      setting=f"full size (experiments/ace/full.py: {cfg['task']}, {cfg['num_prompts']} prompts "
-              f"per step, lr {cfg['lr']:g}, DAPO base)")
-  order = ["dapo", main] + sorted(n for n in found if n not in ("dapo", main))
-  return dataclasses.asdict(sz), {n: found[n] for n in order}
+  return config, data
 
 
 EXPERIMENT = rl_table.experiment(

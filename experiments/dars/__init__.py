@@ -3,69 +3,39 @@ against a compute-matched naive N, with a stage 2 that never truncates.
 
 Paper: "Depth-Breadth Synergy in RLVR" (DARS, DARS-B; official code yangzhch6/DARS). Claims
 checked: (1) naively enlarging the rollout size N gives no pass@K gain; (2) DARS improves
-pass@K, (3) also against the naive N of the same sampled rollouts; (4) breadth (more prompts
-per step, full-batch updates over epochs) improves pass@1; (5, 6) DARS-B improves pass@1 and
-pass@K; (7) depth adds pass@K on top of breadth (the "orthogonal dimensions" claim); plus the
-cumulative-advantage bias (a sanity check by algebra) and how many all-wrong prompts the second
-stage rescues.
+pass@K, (3) also against the naive N of the same sampled rollouts; (4) breadth improves pass@1;
+(5, 6) DARS-B improves pass@1 and pass@K; (7) depth adds pass@K on top of breadth; plus the
+cumulative-advantage bias (a sanity check by algebra) and the all-wrong prompts stage 2 rescues.
 
 Command:  python scripts/reproduce.py dars [--quick] [--seeds N] [--out DIR]
-Hardware: 2 CPU cores. Setup (pre-declared in ``Design`` before the run): the calibrated testbed
-of ``experiments/calibrate.py`` (setting ``b23-lr1e-4-kl0-p64``: 2-3 digit addition, whose
-3-digit problems the SFT policy solves sometimes, the 0.4M-parameter character decoder
-started from the pinned SFT policy ``experiments/testbeds/b23-sft``, 64 prompts per step, 0/1
-reward, AdamW lr 1e-4, 100 steps). Every arm uses the DARS objective (advantage r - mean over
-the merged group, token sum over a constant length, dual clip, entropy bonus, no KL), so arms
-differ only in rollout allocation and breadth:
-
-* ``grpo-n8``: N=8 per prompt, 2 mini-batches per step (the base);
-* ``grpo-n16``: N=16, the naive N of the same sampled rollouts as ``dars-et``;
-* ``dars-et``: N=8 in stage 1, equal-treatment stage 2 up to n_max=16 per prompt. The static
-  stage-2 budget is P (n_max - N), the most the schedule can ask for, so it never truncates
-  (the measured share of the budget used is in the table);
-* ``grpo-b`` (breadth only): N=8, 4x the prompts per step, full-batch updates for 2 epochs, a
-  quarter of the steps (the same rollouts in total as ``grpo-n8``);
-* ``dars-b``: ``dars-et`` with ``grpo-b``'s breadth.
-
-``grpo-n8``, ``dars-et``, ``grpo-b`` and ``dars-b`` are the 2x2 of breadth x depth. Breadth
-comes as DARS-B's recipe has it: the breadth arms make 25 steps x 2 epochs x 1 full batch = 50
-optimizer updates at the same learning rate, against 200 (100 steps x 2 mini-batches) for
-``grpo-n8``, so "breadth" here is more prompts per update *and* 4x fewer updates; the breadth
-claims are about that recipe, not about batch size alone.
-
-Primary metrics (pre-declared): test pass@64 and pass@1 (unbiased estimator from 64 samples of
-200 test problems at temperature 1), the mean of each seed's last 3 evaluations; the 3-digit
-problems are reported beside all problems. Seeds: 8 per arm, from ``stats.seeds_needed`` at the
-pilot SD 0.0075 (pass@64 over the last 3 evaluations, the ACE table's previous design) and the
-minimum effect 0.02 (the margin of "no gain"), floor 8. GRPO must learn first: ``grpo-n8``'s
-pass@1 gain over the SFT start is judged as a gate (its own family).
-
-The paper's own setup at full size (accelerators, not run here): ``experiments/dars/full.py``;
-``python scripts/reproduce.py dars --full --runs DIR`` judges its run directories (one per arm x
-seed; the equal-treatment arms in the CPU arms' places, ``FULL_ARMS``) with this table's code.
+Setup (pre-declared in ``Design``; the arms and what "breadth" means here in
+``experiments/dars/README.md``, "Setup"): the testbed ``b23-lr1e-4-kl0-p64`` of
+``experiments/calibrate.py``, every arm on the DARS objective: ``grpo-n8``, ``grpo-n16``,
+``dars-et``, ``grpo-b``, ``dars-b``. Metrics: test pass@64 and pass@1 (200 problems x 64
+samples), the mean of each seed's last 3 evaluations; 8 seeds per arm (power plan);
+``grpo-n8``'s pass@1 gain over the SFT start gates the claims. Full size:
+``experiments/dars/full.py`` (``--full --runs DIR``, its arms in the CPU arms' places).
 Outputs in ``--out`` (default ``results/dars``): ``table.md``, ``results.json``, ``passk.png``,
 ``cumulative_advantage.png``; finished arms are cached under ``cache/``. The numbers the table
-last produced (this design from the pinned start; its 110 min of units were shared with other
-jobs, about 55 min alone): ``results/dars/table.md`` and the README's results section.
+last produced: ``results/dars/table.md`` and the README's results section.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
 from experiments import claims as C
 from experiments import report as R
-from experiments import rl_seeds, rl_table, runs
-from rlpost import objectives as O
+from experiments import rl_seeds, rl_table
 from rlpost.train import rl
 
 KS = (1, 4, 16, 64)
-STAGE2 = ("dars_all_wrong_stage1", "dars_rescued", "dars_extra_rollouts", "dars_budget_used",
-          "dars_truncated_fraction")
+# The stage-2 metrics (mean per step): {train metric: (column heading, format)}
+STAGE2 = {"dars_all_wrong_stage1": ("stage-1 all-wrong prompts", ".2f"),
+          "dars_rescued": ("rescued (>= 1 correct in stage 2)", ".2f"),
+          "dars_extra_rollouts": ("stage-2 rows used", ".1f"),
+          "dars_budget_used": ("share of the budget used", ".3f"),
+          "dars_truncated_fraction": ("share of the demand truncated", ".3f")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,13 +52,9 @@ class Design(rl_table.Design):
 
 
 def design(quick: bool) -> Design:
-  if not quick:
-    return Design()
-  tiny = dict(rl_seeds.QUICK_BASE, sft_steps=400, sft_lr=3e-3,
-              task_spec=dict(min_digits=1, max_digits=2, terms=2))
   return Design(seeds=2, steps=4, num_prompts=4, n=4, n_max=8, breadth=2, eval_every=2,
-               window=2, eval_problems=8, eval_samples=8, hardest=2, curve_prompts=16,
-               min_seeds=2, base=tiny)
+                window=2, eval_problems=8, eval_samples=8, hardest=2, curve_prompts=16,
+                min_seeds=2, base=dict(rl_seeds.QUICK_SFT)) if quick else Design()
 
 
 def claims(sz: Design) -> list[C.Claim]:
@@ -138,37 +104,17 @@ def base_config(sz: Design) -> dict:
   return rl_table.testbed_config(sz, drop=("recipe_args",))
 
 
-def cumulative_advantage_curve(trainer: rl.Trainer, sz: Design, *, seed: int = 0) -> dict:
-  """Sum of |A_i| over a group against the group's accuracy, on the SFT policy.
-
-  ``curve_prompts`` training prompts x N rollouts, scored with GRPO's advantage (mean and std)
-  and Dr.GRPO / DARS's (mean only) from the library's recipes. Returns, per accuracy level
-  j/N: the number of groups and the mean cumulative |A| under each advantage.
-  """
-  n, p = sz.n, sz.curve_prompts
-  idx = jnp.repeat(jnp.arange(p, dtype=jnp.int32), n)
-  ro = jax.jit(trainer.sample)(trainer.ref_params, idx, jax.random.key(seed))
-  batch = O.RolloutBatch(group_id=idx, valid=jnp.ones((p * n,), bool), tokens=ro.tokens,
-                         token_mask=ro.mask, rewards=ro.rewards)
-  acc = np.asarray(ro.correct).reshape(p, n).mean(axis=1)
-  at = [np.isclose(acc, j / n) for j in range(n + 1)]
-  out = {"accuracy": [j / n for j in range(n + 1)], "groups": [int(np.sum(m)) for m in at]}
-  for name in ("grpo", "dr_grpo"):
-    kw = {} if name == "grpo" else {"max_length": trainer.max_new_tokens}
-    adv, _ = O.compute_advantages(O.get_recipe(name, **kw).advantage, batch)
-    cum = np.abs(np.asarray(adv.values)).reshape(p, n).sum(axis=1)
-    out[name] = [float(cum[m].mean()) if np.any(m) else float("nan") for m in at]
-  return out
-
-
 def curve_unit(sz: Design, cfgs: dict, config: dict) -> dict:
-  return rl_table.sft_analysis("curve", cfgs[f"grpo-n{sz.n}"],
-                               {"n": sz.n, "prompts": sz.curve_prompts},
-                               lambda trainer: cumulative_advantage_curve(trainer, sz))
+  """The cumulative |advantage| per group against its accuracy on the SFT policy, under GRPO's
+  advantage (mean and std) and Dr.GRPO / DARS's (mean only)."""
+  return rl_table.sft_analysis(
+      "curve", cfgs[f"grpo-n{sz.n}"], {"n": sz.n, "prompts": sz.curve_prompts},
+      lambda trainer: rl_seeds.advantage_mass(trainer, {
+          "grpo": {}, "dr_grpo": {"max_length": trainer.max_new_tokens}}, sz.curve_prompts, sz.n))
 
 
 def summarize(report: dict) -> dict:
-  sz = Design(**report["config"])
+  sz = Design.of(report["config"])
   results, curve = report["data"]["arms"], report["data"].get("curve")
   ks, base = sz.ks(KS), f"grpo-n{sz.n}"
   first = results[base]["evals"][0]["per_seed"][0]
@@ -178,9 +124,7 @@ def summarize(report: dict) -> dict:
   values = rl_table.window_values(results, keys, sz.window)
   cells, vs_base = rl_table.cells(values, keys, base, results)
   s = {"ks": ks, "keys": keys, "cells": cells, "vs_base": vs_base,
-       # the stage-2 metrics of the arms that have a stage 2, mean per step
-       "stage2": {n: {k: float(np.mean(a["train"][k])) for k in STAGE2 if k in a["train"]}
-                  for n, a in results.items() if "dars_rescued" in a["train"]},
+       "stage2": rl_table.step_means(results, STAGE2),  # the arms that have a stage 2
        "seeds_from_power": sz.from_power(),
        "arm_seconds": {n: a["seconds"] for n, a in results.items()},
        "updates": {n: rl_table.updates(a["config"]) for n, a in results.items()},
@@ -192,32 +136,25 @@ def summarize(report: dict) -> dict:
   s["sanity"] = None
   if curve is None:  # full-size runs: the curve is measured on the CPU SFT policy only
     return s
-  acc, dr = np.asarray(curve["accuracy"]), np.asarray(curve["dr_grpo"], np.float64)
-  peak = float(acc[np.nanargmax(dr)]) if np.any(np.isfinite(dr)) else float("nan")
-  s["curve_peak_accuracy"] = peak
   # A sanity check, not a claim: with A = r - mean and binary rewards the cumulative |A| of a
   # group of accuracy a is 2 N a (1 - a), which peaks at a = 0.5 by algebra.
-  s["sanity"] = {"cumulative_advantage_peaks_at_half": (
-      "inconclusive" if np.sum(np.isfinite(dr)) < 3  # too few accuracy levels observed
-      else "holds" if abs(peak - 0.5) <= 1 / sz.n else "fails")}
+  s["curve_peak_accuracy"], verdict = rl_table.mass_peak(curve, "dr_grpo", 0.5, 1 / sz.n)
+  s["sanity"] = {"cumulative_advantage_peaks_at_half": verdict}
   return s
 
 
 def render(report: dict) -> str:
-  s, curve, sz = report["summary"], report["data"].get("curve"), Design(**report["config"])
+  s, curve, sz = report["summary"], report["data"].get("curve"), Design.of(report["config"])
   ks, keys, base = s["ks"], s["keys"], f"grpo-n{sz.n}"
   setting = sz.setting or (f"{sz.steps} RL steps (breadth arms: {sz.steps // sz.breadth} steps "
                            f"of {sz.breadth}x the prompts), "
                            + rl_table.setting(sz, base_config(sz)))
   head = [k.replace(f"/d{sz.hardest}", f" ({sz.hardest}-digit)") for k in keys]
   paper, nan = rl_table.family(s, "dars"), float("nan")
-  # runs from before the truncation metric existed have no column for it
-  cut = any("dars_truncated_fraction" in r for r in s["stage2"].values())
   lines = [
-      rl_table.title(report, "DARS / DARS-B"), "",
-      rl_table.header(report, sz, s, f"{setting}, DARS objective",
-                      f"metrics: test pass@{max(ks)} and pass@1", "claims", paper,
-                      ", ".join(f"{h} {s['start'][k]:.3f}" for h, k in zip(head, keys))), "",
+      *rl_table.header(report, "DARS / DARS-B", sz, s, setting=f"{setting}, DARS objective",
+                       metric=f"metrics: test pass@{max(ks)} and pass@1", claims=("dars", "claims"),
+                       start=", ".join(f"{h} {s['start'][k]:.3f}" for h, k in zip(head, keys))),
       *rl_table.arm_tables(s, keys, head, s["vs_base"], f"Minus {base}"),
       "## Breadth x depth", "",
       *rl_table.md_table(
@@ -227,14 +164,7 @@ def render(report: dict) -> str:
             R.fmt(inter)] for k, inter in s["interaction"].items()]),
       "", "Interaction: Welch-Satterthwaite t interval over the four independent arms; 0 is what "
       "orthogonal (additive) dimensions give.", "", "## Stage 2 (mean per step)", "",
-      *rl_table.md_table(
-          ["arm", "stage-1 all-wrong prompts", "rescued (>= 1 correct in stage 2)",
-           "stage-2 rows used", "share of the budget used", "share of the demand truncated"
-           ][:5 + cut],
-          [[n, f"{r['dars_all_wrong_stage1']:.2f}", f"{r['dars_rescued']:.2f}",
-            f"{r['dars_extra_rollouts']:.1f}", f"{r.get('dars_budget_used', nan):.3f}",
-            f"{r.get('dars_truncated_fraction', nan):.3f}"][:5 + cut]
-           for n, r in s["stage2"].items()])]
+      *rl_table.step_means_table(s["stage2"], STAGE2)]
   stored = [rl.RLConfig.upgrade(dict(r["config"])) for r in report["data"]["arms"].values()]
   args = [c["allocation_args"] for c in stored if c.get("allocation") in ("dars", "dars_b")]
   budgets, chunks = {a.get("budget", 0) for a in args}, {a.get("chunk", 0) for a in args}
@@ -249,11 +179,8 @@ def render(report: dict) -> str:
                  f"demand (budget {sorted(budgets)}): a share used of 1.000 means demand "
                  "was truncated."), ""]
   if curve is not None:
-    lines += [f"## Cumulative |advantage| per group vs group accuracy (SFT policy, N={sz.n})", "",
-              *rl_table.md_table(["accuracy", *(f"{a:.3g}" for a in curve["accuracy"])], [
-                  ["groups", *map(str, curve["groups"])],
-                  ["sum abs(A), mean only", *(f"{v:.2f}" for v in curve["dr_grpo"])],
-                  ["sum abs(A), mean and std", *(f"{v:.2f}" for v in curve["grpo"])]]), ""]
+    lines += rl_table.advantage_mass_section(
+        curve, {"dr_grpo": "mean only", "grpo": "mean and std"}, sz.n)
   ub, ud = s["updates"].get("grpo-b"), s["updates"].get(base)
   lines += [*rl_table.claims_section(
       s, "dars", "## Paper claims", rl_table.gate_intro(f"{base}'s pass@1 over the SFT start",
@@ -272,26 +199,14 @@ def render(report: dict) -> str:
 
 
 def plot(report: dict, out_dir: str) -> list[str]:
-  s, curve, sz, plt = (report["summary"], report["data"].get("curve"),
-                       Design(**report["config"]), rl_table.pyplot())
+  s, curve, sz = report["summary"], report["data"].get("curve"), Design.of(report["config"])
   panels = [("", "all problems")] + ([(f"/d{sz.hardest}", f"{sz.hardest}-digit problems")]
                                      if f"pass@1/d{sz.hardest}" in s["keys"] else [])
-  fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.4), squeeze=False)
-  for ax, (suffix, title) in zip(axes[0], panels):
-    rl_table.passk_axes(ax, s["ks"], s["cells"], s["start"], suffix)
-    ax.set_title(title)
-  axes[0][0].set_ylabel("test pass@k (last-3 mean)")
-  axes[0][0].legend(fontsize=7)
-  paths = [rl_table.save(fig, out_dir, "passk.png")]
+  paths = [rl_table.passk_figure(s, out_dir, (4.5 * len(panels), 3.4), panels)]
   if curve is None:
     return paths
-  fig, ax = plt.subplots(figsize=(4.8, 3.4))
-  ax.plot(curve["accuracy"], curve["dr_grpo"], "o-", label="A = r - mean")
-  ax.plot(curve["accuracy"], curve["grpo"], "s--", label="A = (r - mean) / std")
-  ax.set(xlabel="group accuracy", ylabel="cumulative |advantage| of the group")
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  return paths + [rl_table.save(fig, out_dir, "cumulative_advantage.png")]
+  return paths + [rl_table.advantage_mass_plot(curve, {
+      "dr_grpo": "A = r - mean", "grpo": "A = (r - mean) / std"}, out_dir)]
 
 
 # The full-size arms of ``experiments/dars/full.py`` that make this table, by the CPU arm they
@@ -306,23 +221,17 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   and the digit bucket are CPU-only."""
   from experiments.dars import full
 
-  if prefix:
-    raise runs.RunsError(f"dars --full: the table has one set of arms, no --prefix (got "
-                         f"{prefix!r})")
-  found = rl_table.full_runs("dars", runs_dir, full.FULL, FULL_ARMS, FULL_ARMS)
+  rl_table.check_prefix("dars", prefix)
   # n_max names the naive-N arm (grpo-n16); dars-et's own n_max, 32, caps one prompt's
   # merged group
-  base, wide = found["grpo-n8"]["config"], found["dars-b-et"]["config"]
-  seeds = {n: len(found[n]["seeds"]) for n in FULL_ARMS}
-  sz = rl_table.full_design(
-      Design, found, base, num_prompts=base["num_prompts"], n=base["group_size"],
-      n_max=found["grpo-n16"]["config"]["group_size"],
-      breadth=max(1, wide["num_prompts"] // base["num_prompts"]),
-      setting=f"full size (experiments/dars/full.py: {base['task']}, {base['steps']} steps of "
-              f"{base['num_prompts']} prompts, breadth arms {wide['steps']} steps of "
-              f"{wide['num_prompts']}; lr {base['lr']:g} / {wide['lr']:g}"
-              + rl_table.uneven(seeds) + ")")
-  return dataclasses.asdict(sz), {"arms": {FULL_ARMS[n]: found[n] for n in FULL_ARMS}}
+  return rl_table.from_full(
+      "dars", runs_dir, full.FULL, FULL_ARMS, Design(), "grpo-n8", lambda c: dict(
+          num_prompts=c["grpo-n8"]["num_prompts"], n=c["grpo-n8"]["group_size"],
+          n_max=c["grpo-n16"]["group_size"],
+          breadth=max(1, c["dars-b"]["num_prompts"] // c["grpo-n8"]["num_prompts"])),
+      lambda d, c: f"{c['grpo-n8']['task']}, {c['grpo-n8']['steps']} steps of "
+      f"{c['grpo-n8']['num_prompts']} prompts, breadth arms {c['dars-b']['steps']} steps of "
+      f"{c['dars-b']['num_prompts']}; lr {c['grpo-n8']['lr']:g} / {c['dars-b']['lr']:g}")
 
 
 EXPERIMENT = rl_table.experiment(
