@@ -224,11 +224,11 @@ def load_task(task: str, spec: dict) -> dict[str, list[dict]]:
 
 class _FileTask(base.Task):
   """A real-text math task read from local files (``task_spec = {"train": path, "test":
-  path}``), prompts formatted with ``prompt_template``, scored by answer equivalence under the
+  path}``), prompts formatted with the config's ``prompt_template``, scored by answer equivalence under the
   config's ``answer_check`` (``rlpost.tasks.answer_check``: the parser or math-verify)."""
 
   character_alphabet = False
-  prompt_template = True
+  takes_prompt_template = True
   reads_files = True
 
   @classmethod

@@ -5,7 +5,7 @@
 1. the task (``rlpost.tasks.base.get_task``) and, with ``policy=/path``, the Hugging Face module,
    its tokenizer and stop ids (``rlpost.models.policy.load_hf``);
 2. the records, every prompt encoded with that tokenizer (``Tokenizer.encode_prompt``, after
-   ``prompt_template`` for tasks that use one), prompts longer than ``max_prompt_tokens``
+   ``prompt_template`` for tasks that take one), prompts longer than ``max_prompt_tokens``
    dropped;
 3. the start: the checkpoint as loaded, or the character model sized to the prompts and
    demonstrations, initialised once and started in place from the pinned ``init_params`` or the
@@ -111,7 +111,7 @@ def _with_adapters(model: tfm.Transformer, lora_cfg: lora.LoraConfig,
 
 def _encode_prompts(cfg: RLConfig, task: Task, records: dict, tok, log):
   """Prompt ids per split; records whose prompt exceeds max_prompt_tokens are dropped."""
-  template = cfg.prompt_template if task.prompt_template else "{question}"
+  template = cfg.prompt_template if task.takes_prompt_template else "{question}"
   out_records, ids = {}, {}
   for split in task_base.SPLITS:
     rows = records[split]
