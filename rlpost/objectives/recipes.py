@@ -476,7 +476,7 @@ def register_recipe(name: str, factory: Callable[..., Recipe]) -> None:
   """Adds ``factory`` (keyword-only hyperparameters, returns a Recipe) under ``name``.
 
   A factory argument named like a ``RecipeContext`` field (``max_length``, ``group_size``,
-  ``tokenizer``, ``stop_ids``, ...) receives that run fact from ``get_recipe(name, context)``
+  ``tokenizer``, ``stop_tokens``, ...) receives that run fact from ``get_recipe(name, context)``
   unless the caller overrides it.
 
   Registering a name again replaces the entry when ``factory`` has the same module and
@@ -497,8 +497,7 @@ def _context_args(factory: Callable[..., Recipe], context: Optional[RecipeContex
     return {}
   if not isinstance(context, RecipeContext):
     raise TypeError(f"context must be a RecipeContext or None, got {type(context).__name__}")
-  params = inspect.signature(factory).parameters
-  return {k: v for k, v in context.facts().items() if k in params}
+  return registry.facts_for(factory, context.facts())
 
 
 def get_recipe(name: str, context: Optional[RecipeContext] = None, **overrides) -> Recipe:

@@ -184,10 +184,10 @@ def task_arrays(records: Sequence[dict], prompt_ids: Sequence[Sequence[int]], *,
 
 
 def host_scorer(task: Task, records: dict[str, list[dict]], tok: Tokenizer,
-                stop_ids: Sequence[int]) -> Callable:
+                stop_tokens: Sequence[int]) -> Callable:
   """``fn(tokens [B, N], mask [B, N], idx [B], split_id) -> [B] float32`` scoring decoded
   completions of prompts ``idx`` of split ``SPLITS[split_id]`` with ``task.score_batch``."""
-  stop = np.asarray(list(stop_ids))
+  stop = np.asarray(list(stop_tokens))
 
   def fn(tokens: np.ndarray, mask: np.ndarray, idx: np.ndarray, split: int) -> np.ndarray:
     rows = records[SPLITS[split]]

@@ -119,8 +119,8 @@ class StepSpec(NamedTuple):
 
 def run_facts(policy, train: TaskArrays) -> dict:
   """The run facts of ``policy`` on a train split: tokenizer, stop and pad ids, prompt length."""
-  return dict(tokenizer=policy.tokenizer, stop_ids=tuple(policy.stop_ids), pad_id=policy.pad_id,
-              prompt_length=int(train.prompt_tokens.shape[1]))
+  return dict(tokenizer=policy.tokenizer, stop_tokens=tuple(policy.stop_tokens),
+              pad_id=policy.pad_id, prompt_length=int(train.prompt_tokens.shape[1]))
 
 
 class TaskData(NamedTuple):
@@ -152,10 +152,10 @@ class Parts:
                                     spec.pack_bin_rows) if spec.pack_buckets else None)
     self.sampling_cfg = sampling.SamplingConfig(
         max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, top_p=spec.top_p,
-        stop_tokens=policy.stop_ids, pad_id=policy.pad_id)
+        stop_tokens=policy.stop_tokens, pad_id=policy.pad_id)
     tok = policy.tokenizer
     self.jax_reward = task.task.jax_reward is not None and isinstance(tok, CharTokenizer)
-    self.score_host = task_base.host_scorer(task.task, task.records, tok, policy.stop_ids)
+    self.score_host = task_base.host_scorer(task.task, task.records, tok, policy.stop_tokens)
     self.reported: tuple[str, ...] = ()  # the allocation's and the chain's metric names
     self.plan = plan = rule.plan(args, spec.num_prompts, spec.group_size)
     n_dev = len(mesh.devices.flat)
@@ -209,7 +209,8 @@ class Trainer:
     self.lora = cfg.lora_config()
     s = setup.build(cfg, log, progress=progress)
     self.task, self.rows = s.task, s.records
-    self.tok, self.stop_tokens, self.pad_id = s.policy.tokenizer, s.policy.stop_ids, s.policy.pad_id
+    self.tok, self.stop_tokens = s.policy.tokenizer, s.policy.stop_tokens
+    self.pad_id = s.policy.pad_id
     self.model_cfg, self.graphdef = s.policy.model_cfg, s.policy.graphdef
     self.max_new_tokens = s.max_new_tokens
     self.mesh = sharding.make_mesh(fsdp=cfg.mesh_fsdp)

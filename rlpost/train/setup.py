@@ -3,7 +3,7 @@
 ``build(cfg, log)`` is one pass, top to bottom:
 
 1. the task (``rlpost.tasks.base.get_task``) and, with ``policy=/path``, the Hugging Face module,
-   its tokenizer and stop ids (``rlpost.models.policy.load_hf``);
+   its tokenizer and stop tokens (``rlpost.models.policy.load_hf``);
 2. the records, every prompt encoded with that tokenizer (``Tokenizer.encode_prompt``, after
    ``prompt_template`` for tasks that take one), prompts longer than ``max_prompt_tokens``
    dropped;
@@ -48,7 +48,7 @@ def build(cfg: RLConfig, log: Callable[[str], None], *, progress: bool = True) -
   """The run's task, records, policy and task arrays, in one pass: each stage takes the model
   the last one made and gives it on (one module, split into a ``Policy`` once at the end)."""
   task = task_base.get_task(cfg.task)(cfg)
-  pretrained = _pretrained(cfg) if cfg.policy else None  # (module, tokenizer, stop ids)
+  pretrained = _pretrained(cfg) if cfg.policy else None  # (module, tokenizer, stop tokens)
   tok = pretrained[1] if pretrained else CharTokenizer()
   records, ids = _encode_prompts(cfg, task, task.load(log), tok, log)
   if cfg.eval_problems > len(records["test"]):
@@ -73,7 +73,7 @@ def build(cfg: RLConfig, log: Callable[[str], None], *, progress: bool = True) -
 
 
 def _pretrained(cfg: RLConfig):
-  """(module, tokenizer, stop ids) of the Hugging Face checkpoint ``cfg.policy``."""
+  """(module, tokenizer, stop tokens) of the Hugging Face checkpoint ``cfg.policy``."""
   return load_hf(cfg.policy, dtype=cfg.model.get("dtype", "float32"),
                  param_dtype=cfg.model.get("param_dtype"),
                  max_seq_len=cfg.model.get("max_seq_len"),

@@ -77,7 +77,7 @@ def test_host_scorer_decodes_and_passes_finished_and_the_record():
 
   tok = CharTokenizer()
   records = {"train": [{"answer": "12"}, {"answer": "3"}], "test": [{"answer": "7"}]}
-  fn = base.host_scorer(Echo(cfg=None), records, tok, stop_ids=(EOS,))
+  fn = base.host_scorer(Echo(cfg=None), records, tok, stop_tokens=(EOS,))
   ids = [tok.encode("12", eos=True), tok.encode("3"), tok.encode("7", eos=True)]
   tokens, mask = pad(ids, pad_id=tok.pad_id, side="right")
   r = fn(tokens[:2], mask[:2], np.array([0, 1]), 0)
