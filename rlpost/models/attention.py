@@ -214,10 +214,10 @@ def _to_blocks(x: jax.Array, block: int) -> jax.Array:
   return jnp.moveaxis(x.reshape(x.shape[0], nb, block, *x.shape[2:]), 1, 0)
 
 
-def _token_blocks(tok: Tokens, block: int) -> Tokens:
+def _token_blocks(tokens: Tokens, block: int) -> Tokens:
   # Without segment ids every token is in segment 0: one code path, one extra compare per tile.
-  seg = jnp.zeros_like(tok.pos) if tok.seg is None else tok.seg
-  return Tokens(*(_to_blocks(x, block) for x in (tok.pos, tok.valid, seg)))
+  seg = jnp.zeros_like(tokens.pos) if tokens.seg is None else tokens.seg
+  return Tokens(*(_to_blocks(x, block) for x in (tokens.pos, tokens.valid, seg)))
 
 
 def _blockwise(q, k, v, q_tok: Tokens, k_tok: Tokens, scale, window, bq, bk):

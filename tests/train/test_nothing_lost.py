@@ -152,9 +152,9 @@ def test_unwritable_locations_fail_before_any_work(dirs, finished, tmp_path):
   one line naming the key or flag and the path, before data, warm start or averaging."""
   base = learning_config(dirs)
   cfg0 = finished[1].cfg
-  with tmpfs(tmp_path / "ro", "1m", read_only=True) as ro:
+  with tmpfs(tmp_path / "ro", "1m", read_only=True) as mount:
     for key in ("run_dir", "data_dir", "cache_dir"):
-      cfg = dataclasses.replace(cfg0, **{key: os.path.join(ro, key)})
+      cfg = dataclasses.replace(cfg0, **{key: os.path.join(mount, key)})
       run_dir = cfg.run_dir if key == "run_dir" else str(tmp_path / "r")
       refused(loop.check_run_dir, run_dir, cfg,
               match=rf"config key '{key}': .*{key} is not writable: its filesystem is read-only")
@@ -163,22 +163,22 @@ def test_unwritable_locations_fail_before_any_work(dirs, finished, tmp_path):
     run = copy_run(finished[0], tmp_path / "x")
     before = digest(run)
     refused(average_script.main, ["--ckpt-dir", os.path.join(run, "checkpoints"), "--method",
-                                  "lawa", "--k", "2", "--out", os.path.join(ro, "avg")],
+                                  "lawa", "--k", "2", "--out", os.path.join(mount, "avg")],
             match=r"--out: .*avg is not writable: its filesystem is read-only")
-    refused(export_script.main, [run, "--out", os.path.join(ro, "exp")],
+    refused(export_script.main, [run, "--out", os.path.join(mount, "exp")],
             match=r"--out: .*exp is not writable: its filesystem is read-only")
     assert digest(run) == before
   # The whole command: one line, exit 2, before the data set is built (nothing in data_dir).
-  with tmpfs(tmp_path / "ro2", "1m", read_only=True) as ro:
+  with tmpfs(tmp_path / "ro2", "1m", read_only=True) as mount:
     cfg_path = tmp_path / "cfg.json"
     cfg_path.write_text(json.dumps(dict(base, data_dir=str(tmp_path / "fresh_data"))))
     res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "train.py"),
-                          str(cfg_path), f"cache_dir={ro}/c", f"run_dir={tmp_path}/r2"],
+                          str(cfg_path), f"cache_dir={mount}/c", f"run_dir={tmp_path}/r2"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 2, res.stderr
     assert res.stderr.strip().splitlines() == [
-        f"error: config key 'cache_dir': {ro}/c is not writable: its filesystem is read-only "
-        f"(nothing can be created in {ro})"]
+        f"error: config key 'cache_dir': {mount}/c is not writable: its filesystem is read-only "
+        f"(nothing can be created in {mount})"]
     assert not os.path.exists(tmp_path / "fresh_data") and not os.path.exists(tmp_path / "r2")
     assert res.stdout == ""  # no data, model or warm-start work reported
   # Free space: below the stated minimum is refused, naming the variable that sets it.
