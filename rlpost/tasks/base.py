@@ -190,10 +190,10 @@ def host_scorer(task: Task, records: dict[str, list[dict]], tok: Tokenizer,
   stop = np.asarray(list(stop_tokens))
 
   def fn(tokens: np.ndarray, mask: np.ndarray, idx: np.ndarray, split: int) -> np.ndarray:
-    rows = records[SPLITS[split]]
+    split_records = records[SPLITS[split]]
     texts = [tok.decode(t[m]) for t, m in zip(tokens, mask)]
     finished = [bool(np.any(np.isin(t, stop) & m)) for t, m in zip(tokens, mask)]
-    scores = task.score_batch(texts, finished, [rows[int(i)] for i in idx])
+    scores = task.score_batch(texts, finished, [split_records[int(i)] for i in idx])
     return np.asarray(scores, np.float32).reshape(len(idx))
 
   return fn

@@ -208,7 +208,7 @@ class Trainer:
     self.cfg, self.log = cfg, log
     self.lora = cfg.lora_config()
     s = setup.build(cfg, log, progress=progress)
-    self.task, self.rows = s.task, s.records
+    self.task, self.records = s.task, s.records
     self.tok, self.stop_tokens = s.policy.tokenizer, s.policy.stop_tokens
     self.pad_id = s.policy.pad_id
     self.model_cfg, self.graphdef = s.policy.model_cfg, s.policy.graphdef
@@ -232,7 +232,7 @@ class Trainer:
     self.sampling_cfg = self.parts.sampling_cfg
     self.fns = _make_fns(self.parts)
     self.evaluate = make_evaluate(
-        policy=self.policy, task=self.task, records=self.rows["test"], data=self.test_data,
+        policy=self.policy, task=self.task, records=self.records["test"], data=self.test_data,
         sampling_cfg=self.sampling_cfg, eval_problems=cfg.eval_problems,
         eval_samples=cfg.eval_samples, eval_batch=cfg.eval_batch,
         reward=lambda t, m, i: self.reward(t, m, i, self.test_data, split_id=1))

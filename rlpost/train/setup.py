@@ -114,9 +114,9 @@ def _encode_prompts(cfg: RLConfig, task: Task, records: dict, tok, log):
   template = cfg.prompt_template if task.takes_prompt_template else "{question}"
   out_records, ids = {}, {}
   for split in task_base.SPLITS:
-    rows = records[split]
+    split_records = records[split]
     enc = []
-    for i, r in enumerate(rows):
+    for i, r in enumerate(split_records):
       try:
         enc.append(tok.encode_prompt(task_base.format_prompt(template, r["prompt"])))
       except ValueError as e:
@@ -132,8 +132,8 @@ def _encode_prompts(cfg: RLConfig, task: Task, records: dict, tok, log):
       if not keep:
         raise ValueError(f"{cfg.task} {split}: every prompt is longer than max_prompt_tokens="
                          f"{cfg.max_prompt_tokens}")
-      rows, enc = [rows[i] for i in keep], [enc[i] for i in keep]
-    out_records[split], ids[split] = rows, enc
+      split_records, enc = [split_records[i] for i in keep], [enc[i] for i in keep]
+    out_records[split], ids[split] = split_records, enc
   return out_records, ids
 
 

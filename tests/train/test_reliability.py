@@ -43,8 +43,8 @@ def tiny(dirs, **kw):
 
 def _train_rows(run_dir):
   """Per-step training metrics of a run, without wall-clock fields."""
-  rows = loop.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
-  return [{k: v for k, v in r.items() if "seconds" not in k} for r in rows]
+  entries = loop.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+  return [{k: v for k, v in r.items() if "seconds" not in k} for r in entries]
 
 
 # ------------------------------------------------------------------------ checkpoint integrity
@@ -151,7 +151,7 @@ def test_relaunch_without_a_complete_checkpoint_says_it_starts_over(dirs, tmp_pa
   only a temporary directory) is relaunched from step 0, and the log says so."""
   run_dir = tmp_path / "run"
   loop.run(tiny(dirs, steps=1, checkpoint_every=5), str(run_dir), progress=False)
-  # What such a kill leaves behind: the config, metric rows, an unfinished orbax write.
+  # What such a kill leaves behind: the config, metric entries, an unfinished orbax write.
   ckpt_dir = run_dir / "checkpoints"
   for step in os.listdir(ckpt_dir):
     os.rename(ckpt_dir / step, ckpt_dir / f"{step}.orbax-checkpoint-tmp-1")
@@ -284,9 +284,9 @@ def test_guards_in_a_run_warn_once_or_stop_naming_metric_and_step(dirs, tmp_path
   assert any(re.fullmatch(r"WARNING: step 2: truncated = [0-9.]+ for 2 consecutive steps: .*", x)
              for x in alarms), alarms
   assert len(alarms) == len(set(alarms))  # each alarm printed once
-  rows = loop.read_metrics(str(tmp_path / "warn" / "metrics.jsonl"))
-  recorded = [r["guard/message"] for r in rows if "guard/metric" in r]
-  assert {r["guard/metric"] for r in rows if "guard/metric" in r} >= {"truncated",
+  entries = loop.read_metrics(str(tmp_path / "warn" / "metrics.jsonl"))
+  recorded = [r["guard/message"] for r in entries if "guard/metric" in r]
+  assert {r["guard/metric"] for r in entries if "guard/metric" in r} >= {"truncated",
                                                                        "zero_advantage_groups"}
   assert [f"WARNING: {m}" for m in recorded] == alarms
   with pytest.raises(guards.TrainingStalled, match=r"step 2: .*checkpoint saved at step 2"):
