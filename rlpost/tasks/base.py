@@ -79,8 +79,8 @@ class Task(abc.ABC):
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
-    # The flag was called prompt_template, like the config's template text; a subclass that
-    # still sets it would silently lose its template.
+    # A boolean ``prompt_template`` (the config key's name) is read by nothing: the subclass
+    # would silently lose its template.
     if isinstance(cls.__dict__.get("prompt_template"), bool):
       raise TypeError(f"task {cls.__name__}: the flag 'prompt_template' is now "
                       "'takes_prompt_template'")
