@@ -86,7 +86,7 @@ def rules_note(verdicts: Sequence[Verdict | dict], level: float = 0.95) -> str:
                "wholly outside the margin, *inconclusive* otherwise")
   if not out:
     return ""
-  return ("Rules (protocol v2, experiments/STATISTICS.md; `experiments/harness.py`): "
+  return ("Rules (protocol v2, experiments/STATISTICS.md; `experiments/claims.py`): "
           + "; ".join(out) + ". An equivalence claim whose difference is significantly "
           "non-zero (95% interval), whatever its verdict, and a holding no-gain claim whose "
           "difference is, say so beside the verdict, and so does a verdict whose deciding "
@@ -161,7 +161,7 @@ def proportions_note(r: Mapping, what: str, source: str, trials: str, shared: st
   greater = c["direction"] == "greater"
   bound = (c.get("margin") or 0.0) * (1 if greater else -1)
   return (f"{what} ({a} minus {b}, {source}): a one-sided two-proportion z-test "
-          "(``harness.judge_proportions``), reproduced when p <= 0.05 and the 95% interval lies "
+          "(``claims.judge_proportions``), reproduced when p <= 0.05 and the 95% interval lies "
           f"{'above' if greater else 'below'} {f'{bound:g}' if bound else '0'}, not "
           f"Holm-adjusted. It treats {trials} as independent, which {shared} are not: a lenient "
           "test.")

@@ -19,8 +19,8 @@ def read_run(run_dir: str) -> dict:
   """One ``scripts/train.py`` run directory: its ``config.json`` and ``metrics.jsonl``.
 
   Returns {"dir", "config", "identity" (``identity.json``, ``rlpost.train.identity``; None for
-  a run older than identities), "evals": [{"step", metric: value}] (the ``eval/`` rows, in step
-  order), "train": {metric: [value per step]} (the ``train/`` rows)}.
+  a run older than identities), "evals": [{"step", metric: value}] (the ``eval/`` metrics of its
+  entries, in step order), "train": {metric: [value per step]} (the ``train/`` metrics)}.
   """
   try:
     with open(os.path.join(run_dir, "config.json")) as f:
@@ -30,12 +30,12 @@ def read_run(run_dir: str) -> dict:
   evals, train = {}, {}
   try:
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-      rows = [json.loads(line) for line in f if line.strip()]
+      entries = [json.loads(line) for line in f if line.strip()]
   except (OSError, json.JSONDecodeError) as e:
     raise RunsError(f"{run_dir}: no readable metrics.jsonl ({e})") from None
-  for row in rows:
-    step = row.get("step")
-    for k, v in row.items():
+  for entry in entries:
+    step = entry.get("step")
+    for k, v in entry.items():
       if k.startswith("eval/"):
         evals.setdefault(step, {"step": step})[k[5:]] = v
       elif k.startswith("train/"):

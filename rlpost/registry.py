@@ -10,6 +10,11 @@ Origin is a name, not an identity: two lambdas of one module share ``<lambda>``,
 
 from __future__ import annotations
 
+import inspect
+
+# Run facts that a registered function may take under an earlier name: {earlier: current}.
+RENAMED_FACTS = {"stop_ids": "stop_tokens"}
+
 
 def origin(obj) -> str:
   """``module.qualname`` of a function or class (of the wrapped function of a partial)."""
@@ -25,3 +30,11 @@ def add(registry: dict, name: str, obj, *, what: str, key=lambda x: x) -> None:
     raise ValueError(f"{what} {name!r} is already registered (by {origin(key(old))}); "
                      f"{origin(key(obj))} cannot take its name")
   registry[name] = obj
+
+
+def facts_for(fn, facts: dict) -> dict:
+  """The entries of ``facts`` that ``fn`` takes as keyword arguments; a renamed fact
+  (``RENAMED_FACTS``) also reaches an argument of its earlier name."""
+  params = inspect.signature(fn).parameters
+  named = dict(facts, **{old: facts[new] for old, new in RENAMED_FACTS.items() if new in facts})
+  return {k: v for k, v in named.items() if k in params}

@@ -122,7 +122,7 @@ def main(argv=None) -> dict:
   ap.add_argument("--no-progress", action="store_true")
   ap.add_argument("--allow-config-change", action="store_true",
                   help="resume a run_dir whose stored config differs in keys that change the "
-                  "trajectory (recorded in metrics.jsonl as a config_change row)")
+                  "trajectory (recorded in metrics.jsonl as a config_change entry)")
   ap.add_argument("--distributed", action="store_true",
                   help="start jax.distributed first (multi-host runs)")
   # Options may come anywhere among the overrides (``CONFIG steps=2 --no-progress lr=1e-4``).

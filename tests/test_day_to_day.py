@@ -48,8 +48,8 @@ def test_smoke_run_touches_every_stage(tmp_path, capsys):
   assert "saved SFT policy" in printed and "test pass@1:" in printed  # warm start, summary
   assert [e["step"] for e in out["evals"]] == [0, 10, 20]
   assert out["evals"][0]["pass@1"] > 0.05  # the warm start learned the task's format
-  rows = loop.read_metrics(str(run_dir / "metrics.jsonl"))
-  assert len([r for r in rows if "train/loss" in r]) == 20  # rollouts and updates
+  entries = loop.read_metrics(str(run_dir / "metrics.jsonl"))
+  assert len([r for r in entries if "train/loss" in r]) == 20  # rollouts and updates
   assert sorted(os.listdir(run_dir / "checkpoints"), key=int)[-1] == "20"
   assert os.path.getsize(run_dir / "learning_curve.png") > 0
   assert json.loads((run_dir / "config.json").read_text())["steps"] == 20

@@ -137,7 +137,7 @@ def test_character_run_loads_in_transformers(char_run, tmp_path):
   tr, params = char_run["trainer"], char_run["state"].params
   assert config["max_position_embeddings"] == tr.model_cfg.max_seq_len
   # The task's own prompts and a few sums encode to rlpost's ids, and decode back.
-  prompts = PROMPTS + [r["prompt"] for r in tr.rows["test"][:3]]
+  prompts = PROMPTS + [r["prompt"] for r in tr.records["test"][:3]]
   for text in prompts:
     ids = tok.encode_prompt(text)
     assert hf_tok(text)["input_ids"] == ids, text

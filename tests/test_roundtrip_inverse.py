@@ -10,7 +10,7 @@ import pytest
 
 from experiments import docsync
 from experiments.roundtrip import inverse as inv
-from rlpost.dynamics import rollout as ro
+from rlpost.dynamics import rollout as rollout_lib
 from scripts import reproduce
 
 VERDICTS = {"reproduced", "not reproduced", "inconclusive"}
@@ -23,7 +23,7 @@ def _drift(x, direction):
 def test_solve_on_a_stepper_with_a_known_inverse():
   """The backward rollout of an exactly invertible stepper recovers x_0; the optimisation moves
   from x_d toward it, its error falling with the steps; persistence is the start's error."""
-  stepper = ro.as_stepper(_drift, spatial_dims=1, num_fields=1)
+  stepper = rollout_lib.as_stepper(_drift, spatial_dims=1, num_fields=1)
   rng = np.random.default_rng(0)
   x0 = rng.normal(size=(3, 8, 1)).astype(np.float32) + 2.0
   truth = np.stack([x0 + 0.1 * t for t in range(4)], axis=1)  # [N, T, S, F]

@@ -29,8 +29,8 @@ constant learning rate, gradient clip 1.0 (the fork's defaults).
 Data: the paper trains on its OpenR1-derived set and evaluates on its ``capacity_val`` set (the
 DARS-Dataset ``openr1.parquet`` / ``capacity_val.parquet``, verl's layout):
 ``python scripts/prepare_data.py dars openr1.parquet capacity_val.parquet --out data/dars``
-writes ``data/dars/train.jsonl`` and ``data/dars/test.jsonl`` (the system prompt of each row is
-kept in its record, not used). Evaluation as the breadth
+writes ``data/dars/train.jsonl`` and ``data/dars/test.jsonl`` (the system prompt of each source
+row is kept in its record, not used). Evaluation as the breadth
 scripts: 128 samples per problem at temperature 1.0 (pass@1..128).
 
 Deviations: answers are checked by math-verify as verl's math reward calls it

@@ -39,7 +39,7 @@ from __future__ import annotations
 import functools
 
 from experiments import harness
-from experiments.roundtrip import analysis as A
+from experiments.roundtrip import analysis
 from experiments.roundtrip import claims as CL
 from experiments.roundtrip import config as cfg_lib
 from experiments.roundtrip import report as rep
@@ -94,9 +94,9 @@ def collect(config: dict, results: dict) -> dict:
       got = {kind: results[f"{plan.name}-{kind}-s{seed}"] for kind in plan.kinds()}
       metas += [{k: v for k, v in r.items() if not hasattr(v, "shape")} for r in got.values()]
       win = got["bidir"]["windows"]
-      per_seed.append(A.seed_metrics({k: _arrays(r) for k, r in got.items()}, plan.depths,
-                                     num_test_traj=win["test_traj"], num_starts=win["starts"],
-                                     ood_every=plan.ood_start_every, coverage=cfg.coverage))
+      per_seed.append(analysis.seed_metrics(
+          {k: _arrays(r) for k, r in got.items()}, plan.depths, num_test_traj=win["test_traj"],
+          num_starts=win["starts"], ood_every=plan.ood_start_every, coverage=cfg.coverage))
     bidir = results[f"{plan.name}-bidir-s{cfg.seed_offset}"]
     win, model, sys_obj = bidir["windows"], plan.train.model, systems_lib.get_system(plan.name)
     systems[plan.name] = {
@@ -112,7 +112,7 @@ def collect(config: dict, results: dict) -> dict:
                      f"{win['test'] // win['starts']} trajectories), {win['train']} training "
                      f"windows (calibrator), {win['ood']} OOD windows"),
         # "seed": the scattered seed's index in per_seed (the run's first seed).
-        "scatter": dict(A.scatter(_arrays(bidir), plan.depths), seed=0),
+        "scatter": dict(analysis.scatter(_arrays(bidir), plan.depths), seed=0),
     }
   return {"systems": systems}
 
@@ -122,8 +122,8 @@ def summarize(report: dict) -> dict:
   systems = report["data"]["systems"]
   out = CL.judge({n: s["per_seed"] for n, s in systems.items()},
                  {n: s["role"] for n, s in systems.items()})
-  out["systems"] = {n: A.summarize([{k: v for k, v in ps.items() if k != "curves"}
-                                    for ps in s["per_seed"]])
+  out["systems"] = {n: analysis.summarize([{k: v for k, v in ps.items() if k != "curves"}
+                                           for ps in s["per_seed"]])
                     for n, s in systems.items()}
   return out
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 from rlpost.dynamics import model as mdl
-from rlpost.dynamics import rollout as ro
-from rlpost.dynamics import train as tr
+from rlpost.dynamics import rollout as rollout_lib
+from rlpost.dynamics import train as train_lib
 
 # The systems' roles; "fair": reversible or near-conservative (backward stepping well posed),
 # "stress": dissipative, backward stepping ill posed (see rlpost/dynamics/systems.py). ns2d is a
@@ -50,7 +50,7 @@ class SystemPlan:
   """
 
   name: str
-  train: tr.TrainConfig
+  train: train_lib.TrainConfig
   depths: tuple[int, ...]
   start_stride: int
   ood_start_every: int = 2
@@ -84,7 +84,7 @@ class SystemPlan:
       out.append("under")
     return tuple(out)
 
-  def train_config(self, kind: str) -> tr.TrainConfig:
+  def train_config(self, kind: str) -> train_lib.TrainConfig:
     """The training configuration of one model kind."""
     if kind == "bidir":
       return self.train
@@ -96,14 +96,14 @@ class SystemPlan:
                                                  self.undertrained_steps // 2))
     raise ValueError(f"unknown model kind {kind!r}; valid: {KINDS}")
 
-  def deterministic_sampler(self) -> ro.SamplerConfig:
+  def deterministic_sampler(self) -> rollout_lib.SamplerConfig:
     """The sampler of every measured rollout: Euler from zero noise, so E_i and C_i are fixed
     functions of the start state (no single-sample noise in the ranking)."""
-    return ro.SamplerConfig(num_steps=self.sampler_steps, method="euler", init="zero")
+    return rollout_lib.SamplerConfig(num_steps=self.sampler_steps, method="euler", init="zero")
 
-  def stochastic_sampler(self) -> ro.SamplerConfig:
+  def stochastic_sampler(self) -> rollout_lib.SamplerConfig:
     """The sampler of the dispersion baseline: Euler from Gaussian noise."""
-    return ro.SamplerConfig(num_steps=self.sampler_steps, method="euler", init="noise")
+    return rollout_lib.SamplerConfig(num_steps=self.sampler_steps, method="euler", init="noise")
 
   def unit_spec(self, kind: str, seed: int, data_seed: int) -> dict:
     """Plain data that determines one (kind, seed) unit: its cache key (``harness.Unit``). The
@@ -166,7 +166,7 @@ class ExperimentConfig:
     plans = []
     for p in config["plans"]:
       train = dict(p["train"], model=mdl.ModelConfig(**p["train"]["model"]))
-      plans.append(SystemPlan(**dict(p, train=tr.TrainConfig(**train),
+      plans.append(SystemPlan(**dict(p, train=train_lib.TrainConfig(**train),
                                      depths=tuple(p["depths"]))))
     return cls(plans=tuple(plans), **{k: v for k, v in config.items() if k != "plans"})
 
@@ -204,12 +204,12 @@ def full_config() -> ExperimentConfig:
   """
   kdv = SystemPlan(
       name="kdv1d",
-      train=tr.TrainConfig(model=_model_1d(), num_steps=1000, batch_size=64),
+      train=train_lib.TrainConfig(model=_model_1d(), num_steps=1000, batch_size=64),
       depths=(1, 2, 4, 8, 16), start_stride=1, max_starts=16, ood_start_every=4,
       sampler_steps=4, specialists=True, undertrained_steps=60)
   ks = SystemPlan(
       name="ks1d",
-      train=tr.TrainConfig(model=_model_1d(), num_steps=1000, batch_size=64),
+      train=train_lib.TrainConfig(model=_model_1d(), num_steps=1000, batch_size=64),
       depths=(1, 2, 4, 8, 16), start_stride=3, sampler_steps=4, max_seeds=3)
   return ExperimentConfig(plans=(kdv, ks), seeds=seeds_from_power(), pilot_sd=PILOT_SD,
                           min_effect=MIN_EFFECT, min_seeds=MIN_SEEDS)
@@ -227,9 +227,9 @@ def quick_config() -> ExperimentConfig:
     base = dict(depths=(1, 2, 4), start_stride=6, ood_start_every=2, num_train_traj=36,
                 num_test_traj=6, num_ood_traj=12, sampler_steps=2, num_samples=2)
     base.update(kw)
-    return SystemPlan(name=name, train=tr.TrainConfig(model=model, num_steps=12, batch_size=8,
-                                                      warmup_steps=2, ae_steps=4,
-                                                      ae_batch_size=4, log_every=4), **base)
+    train = train_lib.TrainConfig(model=model, num_steps=12, batch_size=8, warmup_steps=2,
+                                  ae_steps=4, ae_batch_size=4, log_every=4)
+    return SystemPlan(name=name, train=train, **base)
 
   return ExperimentConfig(plans=(
       plan("kdv1d", _model_1d(**tiny), specialists=True, undertrained_steps=3),

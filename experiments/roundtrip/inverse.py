@@ -90,12 +90,12 @@ def _adam_step(depth: int, lr: float):
   import jax.numpy as jnp
   import optax
 
-  from rlpost.dynamics import rollout as ro
+  from rlpost.dynamics import rollout as rollout_lib
 
   opt = optax.adam(lr)
 
   def loss(x, stepper, target):
-    end = ro.rollout(stepper, x, +1, depth, validate=False).x[:, -1]
+    end = rollout_lib.rollout(stepper, x, +1, depth, validate=False).x[:, -1]
     return jnp.mean(jnp.square(end - target))
 
   @jax.jit
@@ -117,14 +117,14 @@ def solve(stepper, truth: np.ndarray, depth: int, steps: list[int], lr: float) -
   import jax
   import jax.numpy as jnp
 
-  from rlpost.dynamics import rollout as ro
+  from rlpost.dynamics import rollout as rollout_lib
 
   x0, target = truth[:, 0], jnp.asarray(truth[:, depth])
-  back = jax.block_until_ready(ro.rollout(stepper, target, -1, depth).x[:, -1])  # compiles
+  back = jax.block_until_ready(rollout_lib.rollout(stepper, target, -1, depth).x[:, -1])  # compiles
   times = []
   for _ in range(5):  # the inputs were checked above; time the jitted rollout alone
     t0 = time.perf_counter()
-    jax.block_until_ready(ro.rollout(stepper, target, -1, depth, validate=False).x)
+    jax.block_until_ready(rollout_lib.rollout(stepper, target, -1, depth, validate=False).x)
     times.append(time.perf_counter() - t0)
   t_backward = float(np.median(times))
   opt, step = _adam_step(depth, lr)
@@ -158,17 +158,17 @@ def run_seed(config: dict, seed: int, progress) -> dict:
   import jax
 
   from experiments import roundtrip
-  from rlpost.dynamics import rollout as ro
-  from rlpost.dynamics import train as tr
+  from rlpost.dynamics import rollout as rollout_lib
+  from rlpost.dynamics import train as train_lib
 
   plan = _plan(config)
   data = roundtrip._data(plan.name, config["data_seed"])
   t0 = time.perf_counter()
-  graphdef, params, stats, _ = tr.train(plan.train_config("bidir"), data["train"],
-                                        jax.random.key(seed))
+  graphdef, params, stats, _ = train_lib.train(plan.train_config("bidir"), data["train"],
+                                               jax.random.key(seed))
   t_train = time.perf_counter() - t0
   progress(plan.train.num_steps)
-  stepper = ro.make_stepper(graphdef, params, stats, plan.deterministic_sampler())
+  stepper = rollout_lib.make_stepper(graphdef, params, stats, plan.deterministic_sampler())
   truth = data["test"][:config["num_windows"]]
   per_depth = []
   for depth in config["depths"]:

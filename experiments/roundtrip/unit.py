@@ -38,8 +38,8 @@ import jax
 import numpy as np
 
 from experiments.roundtrip import config as cfg_lib
-from rlpost.dynamics import rollout as ro
-from rlpost.dynamics import train as tr
+from rlpost.dynamics import rollout as rollout_lib
+from rlpost.dynamics import train as train_lib
 from rlpost.eval import trust
 
 
@@ -85,7 +85,7 @@ def unit_data(plan: cfg_lib.SystemPlan, data: dict[str, np.ndarray]) -> dict[str
 def _round_trip_arrays(stepper, truth: np.ndarray, depths: tuple[int, ...], key: jax.Array,
                        spatial_dims: int) -> dict[str, np.ndarray]:
   """E_i, C_i (decoded) and C_i (diffusion space) of rollouts from truth[:, 0]: each [B, K]."""
-  rt = ro.round_trip(stepper, truth[:, 0], depths, key)
+  rt = rollout_lib.round_trip(stepper, truth[:, 0], depths, key)
   err, _ = trust.rollout_error(np.asarray(rt.forward.x), truth[:, :max(depths) + 1], spatial_dims)
   idx = list(depths)
   return {"E": err[:, idx], "C": np.asarray(rt.c_field, np.float64),
@@ -95,7 +95,7 @@ def _round_trip_arrays(stepper, truth: np.ndarray, depths: tuple[int, ...], key:
 def _dispersion_arrays(stepper, x0: np.ndarray, depths: tuple[int, ...], key: jax.Array,
                        num_samples: int) -> dict[str, np.ndarray]:
   """Spread of M stochastic forward rollouts at each depth: raw and normalised, each [B, K]."""
-  paths = ro.sample_rollouts(stepper, x0, +1, max(depths), key, num_samples)
+  paths = rollout_lib.sample_rollouts(stepper, x0, +1, max(depths), key, num_samples)
   xs = np.asarray(paths.x)  # [M, B, D+1, *S, F]
   raw, norm = zip(*(trust.dispersion(xs[:, :, d]) for d in depths))
   return {"disp": np.stack(raw, 1), "disp_norm": np.stack(norm, 1)}
@@ -105,7 +105,7 @@ def _backward_errors(stepper, truth: np.ndarray, key: jax.Array, spatial_dims: i
   """Backward rollout from the true end state truth[:, D]: error of step j against truth[:, D-j],
   [B, D] (column j-1)."""
   d = truth.shape[1] - 1
-  path = ro.rollout(stepper, truth[:, d], -1, d, key)
+  path = rollout_lib.rollout(stepper, truth[:, d], -1, d, key)
   err, _ = trust.rollout_error(np.asarray(path.x), truth[:, ::-1], spatial_dims)
   return err[:, 1:]
 
@@ -125,7 +125,7 @@ def evaluate(kind: str, plan: cfg_lib.SystemPlan, model: tuple, windows_: dict[s
              key: jax.Array, spatial_dims: int) -> dict[str, np.ndarray]:
   """Every per-rollout array of one trained model (see the module docstring)."""
   graphdef, params, stats = model
-  det = ro.make_stepper(graphdef, params, stats, plan.deterministic_sampler())
+  det = rollout_lib.make_stepper(graphdef, params, stats, plan.deterministic_sampler())
   keys = jax.random.split(key, 8)
   out: dict[str, np.ndarray] = {}
   test = windows_["test"]
@@ -139,7 +139,7 @@ def evaluate(kind: str, plan: cfg_lib.SystemPlan, model: tuple, windows_: dict[s
         out["test_fwd_err"] = fwd
       out.update({f"{split}_{name}": v for name, v in arrays.items()})
   if kind == "bidir":
-    sto = ro.make_stepper(graphdef, params, stats, plan.stochastic_sampler())
+    sto = rollout_lib.make_stepper(graphdef, params, stats, plan.stochastic_sampler())
     for split, k in (("test", keys[3]), ("ood", keys[4])):
       disp = _dispersion_arrays(sto, windows_[split][:, 0], plan.depths, k, plan.num_samples)
       out.update({f"{split}_{name}": v for name, v in disp.items()})
@@ -147,7 +147,7 @@ def evaluate(kind: str, plan: cfg_lib.SystemPlan, model: tuple, windows_: dict[s
     out["test_persist"] = persistence_errors(test, spatial_dims)
     out["test_fwd_persist"] = persistence_errors(test[:, ::-1], spatial_dims)
   if kind == "forward":
-    path = ro.rollout(det, test[:, 0], +1, plan.max_depth, keys[0])
+    path = rollout_lib.rollout(det, test[:, 0], +1, plan.max_depth, keys[0])
     err, _ = trust.rollout_error(np.asarray(path.x), test, spatial_dims)
     out["test_fwd_err"] = err[:, 1:]
   if kind == "backward":
@@ -176,7 +176,7 @@ def run_unit(kind: str, plan: cfg_lib.SystemPlan, data: dict[str, np.ndarray], s
   spatial_dims = data["train"].ndim - 3
   key = jax.random.key(seed)
   t0 = time.perf_counter()
-  graphdef, params, stats, hist = tr.train(plan.train_config(kind), data["train"], key)
+  graphdef, params, stats, hist = train_lib.train(plan.train_config(kind), data["train"], key)
   t1 = time.perf_counter()
   wins = unit_data(plan, data)
   arrays = evaluate(kind, plan, (graphdef, params, stats), wins, jax.random.fold_in(key, 1),

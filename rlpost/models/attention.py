@@ -148,8 +148,8 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, q_tok: Tokens, k_tok: Token
       not isinstance(window, int) or window < 1):
     raise ValueError(f"attend: window must be None, a positive int or an int32 scalar array "
                      f"(e.g. traced, per layer), got {window!r}")
-  qt, kt = (tok._replace(valid=jnp.ones(tok.pos.shape, bool)) if tok.valid is None else tok
-            for tok in (q_tok, k_tok))
+  qt, kt = (x._replace(valid=jnp.ones(x.pos.shape, bool)) if x.valid is None else x
+            for x in (q_tok, k_tok))
   chex.assert_shape([qt.pos, qt.valid] + ([] if qt.seg is None else [qt.seg]), (b, t))
   chex.assert_shape([kt.pos, kt.valid] + ([] if kt.seg is None else [kt.seg]), (b, s))
   if impl == "blockwise":
@@ -213,10 +213,10 @@ def _to_blocks(x: jax.Array, block: int) -> jax.Array:
   return jnp.moveaxis(x.reshape(x.shape[0], nb, block, *x.shape[2:]), 1, 0)
 
 
-def _token_blocks(tok: Tokens, block: int) -> Tokens:
+def _token_blocks(tokens: Tokens, block: int) -> Tokens:
   # Without segment ids every token is in segment 0: one code path, one extra compare per tile.
-  seg = jnp.zeros_like(tok.pos) if tok.seg is None else tok.seg
-  return Tokens(*(_to_blocks(x, block) for x in (tok.pos, tok.valid, seg)))
+  seg = jnp.zeros_like(tokens.pos) if tokens.seg is None else tokens.seg
+  return Tokens(*(_to_blocks(x, block) for x in (tokens.pos, tokens.valid, seg)))
 
 
 def _blockwise(q, k, v, q_tok: Tokens, k_tok: Tokens, scale, window, bq, bk):

@@ -147,7 +147,7 @@ def apply(model: nnx.Module, cfg: LoraConfig) -> nnx.Module:
       for j, linear in enumerate(stacked):
         graphdef = per_layer[0][j][0]
         setattr(linear, ADAPTER, nnx.merge(graphdef, jax.tree.map(
-            lambda *xs: jnp.stack(xs), *[row[j][1] for row in per_layer])))
+            lambda *xs: jnp.stack(xs), *[adapters[j][1] for adapters in per_layer])))
   return model
 
 

@@ -24,7 +24,7 @@ class Policy:
     graphdef: ``nnx.split`` graph of the model (static).
     params: its parameter state (a pytree of arrays).
     tokenizer: a ``Tokenizer`` (encode_prompt, decode, pad_id, eos_ids, vocab_size).
-    stop_ids: ids that end a completion (the tokenizer's eos ids plus any extra stop tokens).
+    stop_tokens: ids that end a completion (the tokenizer's eos ids plus any extra stop tokens).
     pad_id: the prompt and completion padding id.
     model_cfg: the ``TransformerConfig``.
   """
@@ -32,15 +32,15 @@ class Policy:
   graphdef: Any
   params: Any
   tokenizer: Tokenizer
-  stop_ids: tuple[int, ...]
+  stop_tokens: tuple[int, ...]
   pad_id: int
   model_cfg: tfm.TransformerConfig
 
   @classmethod
   def from_model(cls, model: tfm.Transformer, tokenizer: Tokenizer,
-                 stop_ids: Sequence[int] | None = None) -> "Policy":
+                 stop_tokens: Sequence[int] | None = None) -> "Policy":
     graphdef, params = nnx.split(model)
-    stops = tuple(dict.fromkeys(stop_ids if stop_ids is not None else tokenizer.eos_ids))
+    stops = tuple(dict.fromkeys(stop_tokens if stop_tokens is not None else tokenizer.eos_ids))
     return cls(graphdef, params, tokenizer, stops, tokenizer.pad_id, model.cfg)
 
   @classmethod
@@ -65,7 +65,7 @@ def load_hf(path: str, *, dtype: str = "float32", param_dtype: str | None = None
             max_seq_len: int | None = None, extra_stop_tokens: Sequence[str] = (),
             attention: str = "xla", stacked_layers: bool = False,
             what: str = "config key 'policy'") -> tuple[tfm.Transformer, Tokenizer, tuple]:
-  """(the module, its tokenizer, its stop ids: eos ids plus ``extra_stop_tokens``) of a Hugging
+  """(the module, its tokenizer, its stop tokens: eos ids plus ``extra_stop_tokens``) of a Hugging
   Face checkpoint directory, checked against each other; errors name ``what`` and ``path``.
   ``Policy.from_model(*load_hf(path))`` is ``Policy.from_hf(path)``."""
   from rlpost.models import hf

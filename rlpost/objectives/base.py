@@ -231,7 +231,8 @@ class RecipeContext:
     prompt_length: Tp, the prompt buffer in tokens, or None.
     tokenizer: the run's tokenizer (``rlpost.tokenizer.Tokenizer``: ``encode``, ``decode``,
       ``vocab_size``), or None.
-    stop_ids: the token ids that end a completion (tuple of int), or None.
+    stop_tokens: the token ids that end a completion (tuple of int), or None; a factory
+      argument named ``stop_ids`` receives it too (``registry.RENAMED_FACTS``).
     pad_id: the padding token id, or None.
   """
 
@@ -241,7 +242,7 @@ class RecipeContext:
   rows: Optional[int] = None
   prompt_length: Optional[int] = None
   tokenizer: Any = None
-  stop_ids: Optional[tuple] = None
+  stop_tokens: Optional[tuple] = None
   pad_id: Optional[int] = None
 
   def facts(self) -> dict:

@@ -81,8 +81,8 @@ def sequence_token_log_ratio(
   """
   _check(logp, old_logp, token_mask)
   s = jax.lax.stop_gradient(_seq_mean_log_ratio(logp, old_logp, token_mask))
-  tok = logp - jax.lax.stop_gradient(logp)
-  out = jnp.clip(s[:, None] + tok, -max_log_ratio, max_log_ratio)
+  per_token = logp - jax.lax.stop_gradient(logp)
+  out = jnp.clip(s[:, None] + per_token, -max_log_ratio, max_log_ratio)
   return jnp.where(token_mask, out, 0.0)
 
 

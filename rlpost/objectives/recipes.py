@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from rlpost import registry, typecheck
-from rlpost.objectives import advantages as A
+from rlpost.objectives import advantages
 from rlpost.objectives.base import (AdvantageTransform, Recipe, RecipeContext, chain,
                                     compute_advantages, make_recipe)
 from rlpost.objectives.losses import PolicyLossConfig
@@ -112,8 +112,8 @@ def _overlong_buffer(max_length: int, overlong_buffer: Optional[int]) -> int:
 def _grpo_parts(*, std_eps: float, ddof: int) -> _Parts:
   return _Parts(
       shaping=(),
-      center=A.center_by_group_mean(),
-      scale=A.scale_by_group_std(ddof=ddof, eps=std_eps),
+      center=advantages.center_by_group_mean(),
+      scale=advantages.scale_by_group_std(ddof=ddof, eps=std_eps),
       post=(),
       loss=PolicyLossConfig(
           ratio="token",
@@ -129,7 +129,7 @@ def _grpo_parts(*, std_eps: float, ddof: int) -> _Parts:
 
 def _flips(prob: float) -> tuple:
   """The injected sign-flip ablation stage (none when ``prob`` is 0)."""
-  return (A.flip_signs(prob=prob),) if prob > 0 else ()
+  return (advantages.flip_signs(prob=prob),) if prob > 0 else ()
 
 
 def grpo(*, std_eps: float = 1e-6, ddof: int = 1, signflip_prob: float = 0.0) -> Recipe:
@@ -170,8 +170,8 @@ def gmpo(*, std_eps: float = 1e-6, ddof: int = 1) -> Recipe:
 def _dr_grpo_parts(*, max_length: int) -> _Parts:
   return _Parts(
       shaping=(),
-      center=A.center_by_group_mean(),
-      scale=A.identity(),
+      center=advantages.center_by_group_mean(),
+      scale=advantages.identity(),
       post=(),
       loss=PolicyLossConfig(
           ratio="token",
@@ -198,14 +198,14 @@ def dr_grpo(*, max_length: Optional[int] = None) -> Recipe:
 def _dapo_parts(*, max_length, overlong_buffer, overlong_penalty_factor, std_eps) -> _Parts:
   return _Parts(
       shaping=(
-          A.overlong_shaping(
+          advantages.overlong_shaping(
               max_length=max_length,
               buffer_length=overlong_buffer,
               penalty_factor=overlong_penalty_factor,
           ),
       ),
-      center=A.center_by_group_mean(),
-      scale=A.scale_by_group_std(ddof=1, eps=std_eps),
+      center=advantages.center_by_group_mean(),
+      scale=advantages.scale_by_group_std(ddof=1, eps=std_eps),
       post=(),
       loss=PolicyLossConfig(
           ratio="token",
@@ -248,8 +248,8 @@ def dapo(
 def _gspo_parts(*, ratio: str, std_eps: float) -> _Parts:
   return _Parts(
       shaping=(),
-      center=A.center_by_group_mean(),
-      scale=A.scale_by_group_std(ddof=1, eps=std_eps),
+      center=advantages.center_by_group_mean(),
+      scale=advantages.scale_by_group_std(ddof=1, eps=std_eps),
       post=(),
       loss=PolicyLossConfig(
           ratio=ratio,
@@ -314,8 +314,8 @@ def rloo() -> Recipe:
   """
   return _Parts(
       shaping=(),
-      center=A.center_by_leave_one_out(),
-      scale=A.identity(),
+      center=advantages.center_by_leave_one_out(),
+      scale=advantages.identity(),
       post=(),
       loss=PolicyLossConfig(
           ratio="token", eps_low=0.2, eps_high=0.2, aggregation="seq_mean_token_mean", kl_coef=0.0
@@ -383,24 +383,25 @@ def mc_grpo(
   )
   if baseline == "median":
     scale = "mad" if scale is None else scale
-    center = A.center_by_group_median(even="lower")
-    exclude = A.exclude_median_pivot(odd_only=odd_only)
+    center = advantages.center_by_group_median(even="lower")
+    exclude = advantages.exclude_median_pivot(odd_only=odd_only)
   elif baseline in ("mean", "mean_random"):
     scale = "std" if scale is None else scale
-    center = A.center_by_group_mean()
-    exclude = A.exclude_min_abs_reward() if baseline == "mean" else A.exclude_random_member()
+    center = advantages.center_by_group_mean()
+    exclude = (advantages.exclude_min_abs_reward() if baseline == "mean"
+               else advantages.exclude_random_member())
   else:
     raise ValueError(f"mc_grpo: baseline must be 'median', 'mean' or 'mean_random', got "
                      f"{baseline!r}")
   if scale == "mad":
-    scaler = A.scale_by_group_mad(eps=1e-3 if eps is None else eps, even="lower")
+    scaler = advantages.scale_by_group_mad(eps=1e-3 if eps is None else eps, even="lower")
   elif scale == "std":
-    scaler = A.scale_by_group_std(ddof=1, eps=1e-4 if eps is None else eps)
+    scaler = advantages.scale_by_group_std(ddof=1, eps=1e-4 if eps is None else eps)
   elif scale == "none":
-    scaler = A.identity()
+    scaler = advantages.identity()
   else:
     raise ValueError(f"mc_grpo: scale must be 'mad', 'std' or 'none', got {scale!r}")
-  post = (parts.post + ((A.rescale_nonzero(),) if rescale else ()) + (exclude,)
+  post = (parts.post + ((advantages.rescale_nonzero(),) if rescale else ()) + (exclude,)
           + _flips(signflip_prob))
   return parts._replace(center=center, scale=scaler, post=post).build("mc_grpo")
 
@@ -430,7 +431,7 @@ def ace(
   if base not in ("grpo", "dapo"):
     raise ValueError(f"ace: unknown base {base!r}; expected 'grpo' or 'dapo'")
   parts = _base_parts(base, max_length=max_length, overlong_buffer=overlong_buffer, recipe="ace")
-  mod = A.ace_confidence_penalty(alpha=alpha, mode=mode, fn=fn, logp_source=logp_source)
+  mod = advantages.ace_confidence_penalty(alpha=alpha, mode=mode, fn=fn, logp_source=logp_source)
   needs = ("ref_logp", "current_logp") if logp_source == "current" else ("ref_logp",)
   return parts._replace(post=parts.post + (mod,), requires=needs).build("ace")
 
@@ -450,8 +451,8 @@ def dars(*, max_length: Optional[int] = None) -> Recipe:
   ml = _need_max_length("dars", max_length)
   return _Parts(
       shaping=(),
-      center=A.center_by_group_mean(),
-      scale=A.identity(),
+      center=advantages.center_by_group_mean(),
+      scale=advantages.identity(),
       post=(),
       loss=PolicyLossConfig(
           ratio="token",
@@ -476,7 +477,7 @@ def register_recipe(name: str, factory: Callable[..., Recipe]) -> None:
   """Adds ``factory`` (keyword-only hyperparameters, returns a Recipe) under ``name``.
 
   A factory argument named like a ``RecipeContext`` field (``max_length``, ``group_size``,
-  ``tokenizer``, ``stop_ids``, ...) receives that run fact from ``get_recipe(name, context)``
+  ``tokenizer``, ``stop_tokens``, ...) receives that run fact from ``get_recipe(name, context)``
   unless the caller overrides it.
 
   Registering a name again replaces the entry when ``factory`` has the same module and
@@ -497,8 +498,7 @@ def _context_args(factory: Callable[..., Recipe], context: Optional[RecipeContex
     return {}
   if not isinstance(context, RecipeContext):
     raise TypeError(f"context must be a RecipeContext or None, got {type(context).__name__}")
-  params = inspect.signature(factory).parameters
-  return {k: v for k, v in context.facts().items() if k in params}
+  return registry.facts_for(factory, context.facts())
 
 
 def get_recipe(name: str, context: Optional[RecipeContext] = None, **overrides) -> Recipe:

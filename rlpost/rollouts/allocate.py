@@ -33,7 +33,6 @@ file (README "Extending rlpost").
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -225,8 +224,8 @@ class Rule:
     fn: ``fn(sample, prompts, key, *, <facts>, <args>) -> Allocation``. Facts are passed by
       name where ``fn`` takes them: ``num_prompts`` (P), ``group_size`` (G), ``constrain``
       (re-applies the rows' sharding to a gathered [R, ...] array; identity off a mesh), and
-      from the trainer ``max_length``, ``prompt_length``, ``tokenizer``, ``stop_ids`` and
-      ``pad_id`` (``rlpost.objectives.RecipeContext``).
+      from the trainer ``max_length``, ``prompt_length``, ``tokenizer``, ``stop_tokens``
+      and ``pad_id`` (``rlpost.objectives.RecipeContext``; ``registry.facts_for``).
     args: a dataclass of the rule's arguments (the config key ``allocation_args``): field types
       and defaults, and a ``__post_init__`` that raises ValueError naming a bad one; None for a
       rule without arguments.
@@ -278,10 +277,9 @@ class Rule:
                **facts) -> Allocation:
     """Runs the rule and checks that it returned the rows its plan declares. ``facts``: other
     run facts ``fn`` may take by name (the trainer passes ``max_length``, ``prompt_length``,
-    ``tokenizer``, ``stop_ids``, ``pad_id``)."""
+    ``tokenizer``, ``stop_tokens``, ``pad_id``)."""
     facts = dict(facts, num_prompts=num_prompts, group_size=group_size, constrain=constrain)
-    params = inspect.signature(self.fn).parameters
-    kw = {k: v for k, v in facts.items() if k in params}
+    kw = registry.facts_for(self.fn, facts)
     kw.update({} if args is None else {f.name: getattr(args, f.name)
                                        for f in dataclasses.fields(args)})
     out = self.fn(sample, prompts, key, **kw)

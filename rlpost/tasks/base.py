@@ -58,8 +58,8 @@ class Task(abc.ABC):
     name: registry name (``cfg.task``).
     character_alphabet: prompts and answers fit the built-in character tokenizer (False for real
       text: the task then needs a Hugging Face ``policy``).
-    prompt_template: the trainer formats prompts with ``cfg.prompt_template`` (a policy's chat
-      format) instead of using them as they are.
+    takes_prompt_template: the trainer formats prompts with the template text
+      ``cfg.prompt_template`` (a policy's chat format) instead of using them as they are.
     has_graded_reward: ``cfg.graded_reward`` (partial credit) applies.
     reads_files: every value of ``cfg.task_spec`` is a local path or a list of them (the data
       a run's identity digests, ``rlpost.train.identity``); False: the data follows from the
@@ -68,7 +68,7 @@ class Task(abc.ABC):
 
   name: str = ""
   character_alphabet: bool = True
-  prompt_template: bool = False
+  takes_prompt_template: bool = False
   has_graded_reward: bool = False
   reads_files: bool = False
 
@@ -76,6 +76,14 @@ class Task(abc.ABC):
   def correct_at(self) -> float:
     """The reward from which a completion counts as correct (accuracy, pass@k)."""
     return 1.0
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    # A boolean ``prompt_template`` (the config key's name) is read by nothing: the subclass
+    # would silently lose its template.
+    if isinstance(cls.__dict__.get("prompt_template"), bool):
+      raise TypeError(f"task {cls.__name__}: the flag 'prompt_template' is now "
+                      "'takes_prompt_template'")
 
   def __init__(self, cfg: Any):
     """``cfg`` is the run's RLConfig; a task reads its own keys (``task_spec``, sizes...)."""
@@ -162,16 +170,16 @@ def task_arrays(records: Sequence[dict], prompt_ids: Sequence[Sequence[int]], *,
 
 
 def host_scorer(task: Task, records: dict[str, list[dict]], tok: Tokenizer,
-                stop_ids: Sequence[int]) -> Callable:
+                stop_tokens: Sequence[int]) -> Callable:
   """``fn(tokens [B, N], mask [B, N], idx [B], split_id) -> [B] float32`` scoring decoded
   completions of prompts ``idx`` of split ``SPLITS[split_id]`` with ``task.score_batch``."""
-  stop = np.asarray(list(stop_ids))
+  stop = np.asarray(list(stop_tokens))
 
   def fn(tokens: np.ndarray, mask: np.ndarray, idx: np.ndarray, split: int) -> np.ndarray:
-    rows = records[SPLITS[split]]
+    split_records = records[SPLITS[split]]
     texts = [tok.decode(t[m]) for t, m in zip(tokens, mask)]
     finished = [bool(np.any(np.isin(t, stop) & m)) for t, m in zip(tokens, mask)]
-    scores = task.score_batch(texts, finished, [rows[int(i)] for i in idx])
+    scores = task.score_batch(texts, finished, [split_records[int(i)] for i in idx])
     return np.asarray(scores, np.float32).reshape(len(idx))
 
   return fn

@@ -84,8 +84,8 @@ class _SyntheticBuilder(local_data.LocalBuilder, tfds.core.GeneratorBasedBuilder
     train = self._make(cfg.num_train, seed=2 * cfg.seed)
     return {"train": self._generate_examples(train), "test": self._generate_examples(test)}
 
-  def _generate_examples(self, rows):
-    for i, r in enumerate(rows):
+  def _generate_examples(self, records):
+    for i, r in enumerate(records):
       yield i, r
 
 

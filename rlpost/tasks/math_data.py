@@ -2,7 +2,7 @@
 equivalence (``rlpost.tasks.answer_check``). Nothing is downloaded and no text is ever evaluated
 as code.
 
-GSM8K rows look like ``{"question": ..., "answer": "... #### 72"}``; MATH problems like
+A GSM8K line looks like ``{"question": ..., "answer": "... #### 72"}``; a MATH problem like
 ``{"problem": ..., "solution": "... \\boxed{\\frac{1}{2}}", "level": "Level 3", "type": ...}``
 (one file per problem, or a json list, or jsonl).
 """
@@ -31,15 +31,15 @@ def _read_json_records(path: str) -> list[dict]:
   except OSError as e:
     raise ValueError(f"{path}: cannot read ({e.strerror})") from None
   if path.endswith(".jsonl"):
-    rows = []
+    records = []
     for n, line in enumerate(text.splitlines(), 1):
       if not line.strip():
         continue
       try:
-        rows.append(json.loads(line))
+        records.append(json.loads(line))
       except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{n}: invalid JSON ({e.msg})") from None
-    return rows
+    return records
   try:
     data = json.loads(text)
   except json.JSONDecodeError as e:
@@ -60,19 +60,19 @@ def _need_text(rec, key: str, path: str, i: int, alternative: str | None = None)
 
 
 def load_gsm8k(path: str) -> list[dict]:
-  """{prompt, answer, solution, difficulty} rows from a GSM8K jsonl file, in GSM8K's own layout
-  (``question``, ``answer`` ending "#### 72") or the project's record format
+  """{prompt, answer, solution, difficulty} records from a GSM8K jsonl file, in GSM8K's own
+  layout (``question``, ``answer`` ending "#### 72") or the project's record format
   (``rlpost.tasks.convert``: ``problem``, ``answer``, ``solution``, ``level``).
 
   Difficulty is the number of reasoning lines before ``####`` (a standard proxy).
   """
-  rows = []
+  records = []
   for i, rec in enumerate(_read_json_records(path)):
     if isinstance(rec, dict) and "problem" in rec:
       _need_text(rec, "problem", path, i)
       _need_text(rec, "answer", path, i)
-      rows.append({"prompt": rec["problem"], "answer": rec["answer"],
-                   "solution": rec.get("solution", ""), "difficulty": int(rec.get("level", 0))})
+      records.append({"prompt": rec["problem"], "answer": rec["answer"],
+                      "solution": rec.get("solution", ""), "difficulty": int(rec.get("level", 0))})
       continue
     for key in ("question", "answer"):
       _need_text(rec, key, path, i)
@@ -80,15 +80,16 @@ def load_gsm8k(path: str) -> list[dict]:
     if final is None:
       raise ValueError(f"{path}: record {i} has no '####' final answer")
     steps = rec["answer"].split("####")[0].strip().count("\n") + 1
-    rows.append({"prompt": rec["question"], "answer": final, "solution": rec["answer"],
-                 "difficulty": steps})
-  if not rows:
+    records.append({"prompt": rec["question"], "answer": final, "solution": rec["answer"],
+                    "difficulty": steps})
+  if not records:
     raise ValueError(f"{path}: no records")
-  return rows
+  return records
 
 
 def load_math(paths: str | Iterable[str]) -> list[dict]:
-  """{prompt, answer, solution, difficulty, subject} rows from MATH json files or a directory.
+  """{prompt, answer, solution, difficulty, subject} records from MATH json files or a
+  directory.
 
   A record needs ``problem`` and either ``answer`` (as in MATH-500 and the project's record
   format, ``rlpost.tasks.convert``) or a ``solution`` with a ``\\boxed{}`` answer (as in MATH).
@@ -101,7 +102,7 @@ def load_math(paths: str | Iterable[str]) -> list[dict]:
                      if f.endswith((".json", ".jsonl")) and not f.endswith(".manifest.json"))
     else:
       paths = [paths]
-  rows = []
+  records = []
   paths = list(paths)
   for path in paths:
     for i, rec in enumerate(_read_json_records(path)):
@@ -119,12 +120,13 @@ def load_math(paths: str | Iterable[str]) -> list[dict]:
         raise ValueError(f"{path}: record {i} has no \\boxed{{}} answer in its solution and no "
                          "'answer' field")
       level = re.search(r"\d+", str(rec.get("level", "")))
-      rows.append({"prompt": rec["problem"], "answer": final, "solution": rec.get("solution", ""),
-                   "difficulty": int(level.group()) if level else 0,
-                   "subject": rec.get("type", rec.get("subject", ""))})
-  if not rows:
+      records.append({"prompt": rec["problem"], "answer": final,
+                      "solution": rec.get("solution", ""),
+                      "difficulty": int(level.group()) if level else 0,
+                      "subject": rec.get("type", rec.get("subject", ""))})
+  if not records:
     raise ValueError(f"no MATH records found in {source!r}")
-  return rows
+  return records
 
 
 def answer_tag(text: str) -> str | None:
@@ -186,16 +188,16 @@ SPLITS = base.SPLITS
 
 
 def load_task(task: str, spec: dict) -> dict[str, list[dict]]:
-  """The splits of a file task: {"train": rows, "test": rows}.
+  """The splits of a file task: {"train": records, "test": records}.
 
   Args:
     task: "gsm8k" (jsonl with ``question`` and ``answer``) or "math" (MATH json / jsonl files or
       a directory of them, see ``load_math``).
     spec: {"train": path, "test": path}; for "math" a path may also be a list of paths.
 
-  Rows are {prompt, answer, solution, difficulty}; GSM8K rows get difficulty 0 (one bucket),
-  MATH rows their level 1-5. Raises FileNotFoundError naming the spec key and the path for a
-  missing file, ValueError naming the file and record index for a malformed record.
+  Records are {prompt, answer, solution, difficulty}; GSM8K records get difficulty 0 (one
+  bucket), MATH records their level 1-5. Raises FileNotFoundError naming the spec key and the
+  path for a missing file, ValueError naming the file and record index for a malformed record.
   """
   if task not in FILE_TASKS:
     raise ValueError(f"unknown file task {task!r}; known: {list(FILE_TASKS)}")
@@ -224,11 +226,12 @@ def load_task(task: str, spec: dict) -> dict[str, list[dict]]:
 
 class _FileTask(base.Task):
   """A real-text math task read from local files (``task_spec = {"train": path, "test":
-  path}``), prompts formatted with ``prompt_template``, scored by answer equivalence under the
-  config's ``answer_check`` (``rlpost.tasks.answer_check``: the parser or math-verify)."""
+  path}``), prompts formatted with the config's ``prompt_template``, scored by answer
+  equivalence under the config's ``answer_check`` (``rlpost.tasks.answer_check``: the parser
+  or math-verify)."""
 
   character_alphabet = False
-  prompt_template = True
+  takes_prompt_template = True
   reads_files = True
 
   @classmethod
@@ -256,11 +259,11 @@ class _FileTask(base.Task):
     c = self.cfg
     data = load_task(self.name, c.task_spec)
     caps = {"train": c.num_train, "test": c.num_test}
-    for split, rows in data.items():
-      if len(rows) > caps[split]:
-        log(f"{self.name} {split}: using the first {caps[split]} of {len(rows)} records "
+    for split, records in data.items():
+      if len(records) > caps[split]:
+        log(f"{self.name} {split}: using the first {caps[split]} of {len(records)} records "
             f"(num_{split})")
-        data[split] = rows[:caps[split]]
+        data[split] = records[:caps[split]]
     return data
 
   def score(self, completion: str, finished: bool, record: dict) -> float:

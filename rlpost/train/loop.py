@@ -7,7 +7,7 @@ key chooses the trackers, see ``rlpost.train.tracking``), ``checkpoints/`` (orba
 
 Crash safety: resuming restores the latest complete checkpoint, verified against its manifest
 (structure, shapes, dtypes, checksums, finite values), and continues bit for bit (the state
-carries the PRNG key, step and data cursor). Metric rows written after that checkpoint by the
+carries the PRNG key, step and data cursor). Metric entries written after that checkpoint by the
 interrupted process are dropped from ``metrics.jsonl`` (and purged from TensorBoard), so the log
 of a run killed and resumed any number of times equals that of an uninterrupted run. A corrupt
 latest checkpoint is an error naming its step unless ``resume_fallback`` is set. Resuming a
@@ -60,7 +60,7 @@ def _append(path: str, record: dict) -> None:
 
 
 def _truncate_metrics(path: str, last_step: int) -> None:
-  """Keep the rows of steps <= ``last_step`` (a killed process may have left later rows and a
+  """Keep the entries of steps <= ``last_step`` (a killed process may have left later ones and a
   partial last line); written to a temporary file and renamed, so a crash here loses nothing."""
   if not _primary() or not os.path.exists(path):
     return
@@ -68,10 +68,10 @@ def _truncate_metrics(path: str, last_step: int) -> None:
   with open(path) as f:
     for line in f:
       try:
-        row = json.loads(line)
+        entry = json.loads(line)
       except json.JSONDecodeError:
         continue  # a line cut by the crash
-      if isinstance(row, dict) and row.get("step", last_step + 1) <= last_step:
+      if isinstance(entry, dict) and entry.get("step", last_step + 1) <= last_step:
         keep.append(line if line.endswith("\n") else line + "\n")
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
@@ -334,9 +334,9 @@ def _run(trainer: Trainer, run_dir: str, *, progress: bool, allow_config_change:
       if changes:
         log(f"config changed on resume (allowed): "
             + "; ".join(f"{k}: {v['from']!r} -> {v['to']!r}" for k, v in changes.items()))
-        row = {"step": resumed_from, "config_change": changes}
-        if not os.path.exists(metrics_path) or row not in read_metrics(metrics_path):
-          _append(metrics_path, row)  # once, however often this checkpoint is resumed
+        entry = {"step": resumed_from, "config_change": changes}
+        if not os.path.exists(metrics_path) or entry not in read_metrics(metrics_path):
+          _append(metrics_path, entry)  # once, however often this checkpoint is resumed
       if resumed_from >= cfg.steps:
         log(f"run already finished at step {resumed_from} (steps={cfg.steps}); nothing to do")
         ckpt.close()
@@ -508,9 +508,9 @@ def plot_learning_curve(metrics_path: str, out_png: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  rows = read_metrics(metrics_path)
-  train = [(r["step"], r["train/reward"]) for r in rows if "train/reward" in r]
-  ev = [(r["step"], r["eval/pass@1"]) for r in rows if "eval/pass@1" in r]
+  entries = read_metrics(metrics_path)
+  train = [(r["step"], r["train/reward"]) for r in entries if "train/reward" in r]
+  ev = [(r["step"], r["eval/pass@1"]) for r in entries if "eval/pass@1" in r]
   fig, ax = plt.subplots(figsize=(6, 3.5))
   if train:
     s, v = np.array(train).T

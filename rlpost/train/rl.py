@@ -119,8 +119,8 @@ class StepSpec(NamedTuple):
 
 def run_facts(policy, train: TaskArrays) -> dict:
   """The run facts of ``policy`` on a train split: tokenizer, stop and pad ids, prompt length."""
-  return dict(tokenizer=policy.tokenizer, stop_ids=tuple(policy.stop_ids), pad_id=policy.pad_id,
-              prompt_length=int(train.prompt_tokens.shape[1]))
+  return dict(tokenizer=policy.tokenizer, stop_tokens=tuple(policy.stop_tokens),
+              pad_id=policy.pad_id, prompt_length=int(train.prompt_tokens.shape[1]))
 
 
 class TaskData(NamedTuple):
@@ -152,10 +152,10 @@ class Parts:
                                     spec.pack_bin_rows) if spec.pack_buckets else None)
     self.sampling_cfg = sampling.SamplingConfig(
         max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, top_p=spec.top_p,
-        stop_tokens=policy.stop_ids, pad_id=policy.pad_id)
+        stop_tokens=policy.stop_tokens, pad_id=policy.pad_id)
     tok = policy.tokenizer
     self.jax_reward = task.task.jax_reward is not None and isinstance(tok, CharTokenizer)
-    self.score_host = task_base.host_scorer(task.task, task.records, tok, policy.stop_ids)
+    self.score_host = task_base.host_scorer(task.task, task.records, tok, policy.stop_tokens)
     self.reported: tuple[str, ...] = ()  # the allocation's and the chain's metric names
     self.plan = plan = rule.plan(args, spec.num_prompts, spec.group_size)
     n_dev = len(mesh.devices.flat)
@@ -208,8 +208,9 @@ class Trainer:
     self.cfg, self.log = cfg, log
     self.lora = cfg.lora_config()
     s = setup.build(cfg, log, progress=progress)
-    self.task, self.rows = s.task, s.records
-    self.tok, self.stop_tokens, self.pad_id = s.policy.tokenizer, s.policy.stop_ids, s.policy.pad_id
+    self.task, self.records = s.task, s.records
+    self.tok, self.stop_tokens = s.policy.tokenizer, s.policy.stop_tokens
+    self.pad_id = s.policy.pad_id
     self.model_cfg, self.graphdef = s.policy.model_cfg, s.policy.graphdef
     self.max_new_tokens = s.max_new_tokens
     self.mesh = sharding.make_mesh(fsdp=cfg.mesh_fsdp)
@@ -231,7 +232,7 @@ class Trainer:
     self.sampling_cfg = self.parts.sampling_cfg
     self.fns = _make_fns(self.parts)
     self.evaluate = make_evaluate(
-        policy=self.policy, task=self.task, records=self.rows["test"], data=self.test_data,
+        policy=self.policy, task=self.task, records=self.records["test"], data=self.test_data,
         sampling_cfg=self.sampling_cfg, eval_problems=cfg.eval_problems,
         eval_samples=cfg.eval_samples, eval_batch=cfg.eval_batch,
         reward=lambda t, m, i: self.reward(t, m, i, self.test_data, split_id=1))
@@ -318,30 +319,30 @@ class Trainer:
     return traced
 
 
-def _make_fns(tr: "Parts") -> TrainFns:
-  cfg, recipe, rows = tr.spec, tr.recipe, tr.rows_constraint
+def _make_fns(parts: "Parts") -> TrainFns:
+  cfg, recipe, constrain = parts.spec, parts.recipe, parts.rows_constraint
   p, g = cfg.num_prompts, cfg.group_size
-  rule, rule_args = tr.allocation
-  facts = tr.run_facts()
+  rule, rule_args = parts.allocation
+  facts = parts.run_facts()
   # log_confidence: the reference pass runs for the confidence diagnostics alone when the
   # recipe does not read ref_logp (the loss is unchanged: it reads only what it requires).
   needs = set(recipe.requires) | ({"ref_logp"} if cfg.log_confidence else set())
   chain_entropy = "entropy" in recipe.advantage_requires
-  policy_logp = _policy_logp(tr)
-  update_epochs = make_update(recipe=recipe, optimizer=tr.optimizer, policy_logp=policy_logp,
+  policy_logp = _policy_logp(parts)
+  update_epochs = make_update(recipe=recipe, optimizer=parts.optimizer, policy_logp=policy_logp,
                               num_iterations=cfg.num_iterations,
                               num_minibatches=cfg.num_minibatches, grad_accum=cfg.grad_accum,
-                              constrain=rows, trainable=tr.trainable, packing=tr.packing)
+                              constrain=constrain, trainable=parts.trainable, packing=parts.packing)
 
   def init(params, seed: int) -> RLState:
-    replicated = jax.sharding.NamedSharding(tr.mesh, jax.sharding.PartitionSpec())
+    replicated = jax.sharding.NamedSharding(parts.mesh, jax.sharding.PartitionSpec())
     rest = [sharding.put(x, replicated) for x in
             (jax.random.key_data(jax.random.key(seed)), jnp.int32(0), jnp.int32(0))]
     # Moments follow the parameters' sharding; with LoRA only the adapters have any.
-    opt_state = jax.jit(tr.optimizer.init)(tr.trainable_params(params))
+    opt_state = jax.jit(parts.optimizer.init)(parts.trainable_params(params))
     # Placed explicitly (committed), as the step's outputs are: jit keys its cache on
     # committed-ness, so uncommitted moments would compile the step a second time at step 2.
-    n_dev = len(tr.mesh.devices.flat)
+    n_dev = len(parts.mesh.devices.flat)
     opt_state = jax.tree.map(lambda x: sharding.put(
         x, x.sharding if len(x.sharding.device_set) == n_dev else replicated), opt_state)
     # Strongly typed (a Python number in the chain's state would be weakly typed at step 1 and
@@ -351,29 +352,29 @@ def _make_fns(tr: "Parts") -> TrainFns:
     return RLState(params, opt_state, adv_state, rest[0], rest[1], rest[2])
 
   def sample(params, idx, key, data: TaskArrays, split_id: int = 0) -> allocate.Rollouts:
-    idx = rows(idx)
-    prompts, pmask = rows(data.prompt_tokens[idx]), rows(data.prompt_mask[idx])
+    idx = constrain(idx)
+    prompts, pmask = constrain(data.prompt_tokens[idx]), constrain(data.prompt_mask[idx])
     r, c = idx.shape[0], cfg.rollout_chunk
     # One key per row: a row's completion depends on its own key only, so sampling in chunks
     # (rollout_chunk) draws the same rows as sampling all at once.
-    keys = rows(jax.random.split(key, r))
+    keys = constrain(jax.random.split(key, r))
     if c <= 0 or c >= r:
-      out = sampling.sample(tr.graphdef, params, prompts, pmask, keys, cfg=tr.sampling_cfg)
+      out = sampling.sample(parts.graphdef, params, prompts, pmask, keys, cfg=parts.sampling_cfg)
     else:  # sequential chunks of c rows: one KV cache of c rows at a time
       out = jax.lax.map(
-          lambda a: sampling.sample(tr.graphdef, params, rows(a[0]), rows(a[1]), rows(a[2]),
-                                    cfg=tr.sampling_cfg),
+          lambda a: sampling.sample(parts.graphdef, params, *map(constrain, a),
+                                    cfg=parts.sampling_cfg),
           (prompts.reshape(r // c, c, -1), pmask.reshape(r // c, c, -1), keys.reshape(r // c, c)))
-      out = jax.tree.map(lambda x: rows(x.reshape(r, *x.shape[2:])) if x.ndim >= 2
+      out = jax.tree.map(lambda x: constrain(x.reshape(r, *x.shape[2:])) if x.ndim >= 2
                          else jnp.max(x), out)  # per-chunk scalars (num_steps): the longest
-    rewards, correct = tr.reward(out.tokens, out.mask, idx, data, split_id=split_id)
+    rewards, correct = parts.reward(out.tokens, out.mask, idx, data, split_id=split_id)
     return allocate.Rollouts(idx, prompts, pmask, out, rewards, correct)
 
   def collect(params, cursor, key, data_key, data: TaskArrays) -> allocate.Allocation:
     smp = lambda idx, k: sample(params, idx, k, data)  # noqa: E731
     nxt = lambda n: prompt_indices(cursor, n, data_key, data.prompt_tokens.shape[0])  # noqa: E731
-    return rule(rule_args, smp, nxt, key, num_prompts=p, group_size=g, constrain=rows,
-                max_length=tr.max_new_tokens, **facts)
+    return rule(rule_args, smp, nxt, key, num_prompts=p, group_size=g, constrain=constrain,
+                max_length=parts.max_new_tokens, **facts)
 
   def update(state: RLState, alloc: allocate.Allocation, ref_params, k_adv, k_mb):
     ro, group, valid = alloc.rollouts, alloc.group_id, alloc.valid
@@ -382,12 +383,12 @@ def _make_fns(tr: "Parts") -> TrainFns:
 
     def scores(params, entropy=False):
       def fn(r):
-        r = rows(r)
+        r = constrain(r)
         pmask, tmask = ro.pmask[r], ro.mask[r]
         score = lambda num_bins: policy_logp(  # noqa: E731
             params, ro.prompts[r], pmask, ro.tokens[r], tmask, entropy=entropy,
             num_bins=num_bins)
-        return score(None) if tr.packing is None else tr.packing.run(score, pmask, tmask)
+        return score(None) if parts.packing is None else parts.packing.run(score, pmask, tmask)
       return jax.lax.stop_gradient(row_chunks(fn, b, chunk, alloc.live))
 
     ref_logp = scores(ref_params)[0] if "ref_logp" in needs else None
@@ -426,7 +427,7 @@ def _make_fns(tr: "Parts") -> TrainFns:
     metrics = _merge_metrics(trainer=metrics, loss=stats, allocation=alloc.metrics,
                              advantage=reported)
     # Trace-time record of the extensions' own metric names, for the progress bar.
-    tr.reported = tuple(sorted(alloc.metrics)) + tuple(sorted(reported))
+    parts.reported = tuple(sorted(alloc.metrics)) + tuple(sorted(reported))
     new_state = RLState(params, opt_state, adv_state, state.key, state.step + 1,
                         state.cursor + alloc.consumed)
     return new_state, metrics
@@ -459,13 +460,13 @@ def _merge_metrics(**sources: dict) -> dict:
   return out
 
 
-def _policy_logp(tr: "Parts") -> Callable:
-  cfg = tr.spec
+def _policy_logp(parts: "Parts") -> Callable:
+  cfg = parts.spec
 
   def fn(params, prompts, pmask, tokens, tmask, *, entropy: bool = False, num_bins=None):
     """logp [R, N] of completions under ``params`` and, with ``entropy``, the token entropy;
-    over the rows packed into ``num_bins`` bins (``tr.packing``) unless None."""
-    model = nnx.merge(tr.graphdef, params)
+    over the rows packed into ``num_bins`` bins (``parts.packing``) unless None."""
+    model = nnx.merge(parts.graphdef, params)
     if num_bins is not None:
       return packing.completion_scores(model, prompts, pmask, tokens, tmask, num_bins=num_bins,
                                        bin_rows=cfg.pack_bin_rows, entropy=entropy,

@@ -551,7 +551,7 @@ def learning_rate(*, lr: float, schedule: str, warmup_steps: int, total_steps: i
 def build_recipe(cfg: RLConfig, max_len: int, **facts) -> obj.Recipe:
   """The configured recipe, with this run's facts as its context: the max completion length
   ``max_len``, the group size, prompts and rows per step from ``cfg``, and ``facts`` (other
-  ``RecipeContext`` fields: tokenizer, stop_ids, pad_id, prompt_length) where known. It must
+  ``RecipeContext`` fields: tokenizer, stop_tokens, pad_id, prompt_length) where known. It must
   need nothing the trainer does not compute (``PROVIDED``)."""
   context = obj.RecipeContext(max_length=max_len, group_size=cfg.group_size,
                               num_prompts=cfg.num_prompts, rows=cfg.allocation_plan().rows,

@@ -3,9 +3,9 @@
 ``build(cfg, log)`` is one pass, top to bottom:
 
 1. the task (``rlpost.tasks.catalog.get_task``) and, with ``policy=/path``, the Hugging Face module,
-   its tokenizer and stop ids (``rlpost.models.policy.load_hf``);
+   its tokenizer and stop tokens (``rlpost.models.policy.load_hf``);
 2. the records, every prompt encoded with that tokenizer (``Tokenizer.encode_prompt``, after
-   ``prompt_template`` for tasks that use one), prompts longer than ``max_prompt_tokens``
+   ``prompt_template`` for tasks that take one), prompts longer than ``max_prompt_tokens``
    dropped;
 3. the start: the checkpoint as loaded, or the character model sized to the prompts and
    demonstrations, initialised once and started in place from the pinned ``init_params`` or the
@@ -49,7 +49,7 @@ def build(cfg: RLConfig, log: Callable[[str], None], *, progress: bool = True) -
   """The run's task, records, policy and task arrays, in one pass: each stage takes the model
   the last one made and gives it on (one module, split into a ``Policy`` once at the end)."""
   task = catalog.get_task(cfg.task)(cfg)
-  pretrained = _pretrained(cfg) if cfg.policy else None  # (module, tokenizer, stop ids)
+  pretrained = _pretrained(cfg) if cfg.policy else None  # (module, tokenizer, stop tokens)
   tok = pretrained[1] if pretrained else CharTokenizer()
   records, ids = _encode_prompts(cfg, task, task.load(log), tok, log)
   if cfg.eval_problems > len(records["test"]):
@@ -74,7 +74,7 @@ def build(cfg: RLConfig, log: Callable[[str], None], *, progress: bool = True) -
 
 
 def _pretrained(cfg: RLConfig):
-  """(module, tokenizer, stop ids) of the Hugging Face checkpoint ``cfg.policy``."""
+  """(module, tokenizer, stop tokens) of the Hugging Face checkpoint ``cfg.policy``."""
   return load_hf(cfg.policy, dtype=cfg.model.get("dtype", "float32"),
                  param_dtype=cfg.model.get("param_dtype"),
                  max_seq_len=cfg.model.get("max_seq_len"),
@@ -112,12 +112,12 @@ def _with_adapters(model: tfm.Transformer, lora_cfg: lora.LoraConfig,
 
 def _encode_prompts(cfg: RLConfig, task: Task, records: dict, tok, log):
   """Prompt ids per split; records whose prompt exceeds max_prompt_tokens are dropped."""
-  template = cfg.prompt_template if task.prompt_template else "{question}"
+  template = cfg.prompt_template if task.takes_prompt_template else "{question}"
   out_records, ids = {}, {}
   for split in task_base.SPLITS:
-    rows = records[split]
+    split_records = records[split]
     enc = []
-    for i, r in enumerate(rows):
+    for i, r in enumerate(split_records):
       try:
         enc.append(tok.encode_prompt(task_base.format_prompt(template, r["prompt"])))
       except ValueError as e:
@@ -133,8 +133,8 @@ def _encode_prompts(cfg: RLConfig, task: Task, records: dict, tok, log):
       if not keep:
         raise ValueError(f"{cfg.task} {split}: every prompt is longer than max_prompt_tokens="
                          f"{cfg.max_prompt_tokens}")
-      rows, enc = [rows[i] for i in keep], [enc[i] for i in keep]
-    out_records[split], ids[split] = rows, enc
+      split_records, enc = [split_records[i] for i in keep], [enc[i] for i in keep]
+    out_records[split], ids[split] = split_records, enc
   return out_records, ids
 
 

@@ -40,14 +40,14 @@ class SFTConfig:
   averaging: str = ""
 
 
-def make_examples(rows: Sequence[dict], tok: CharTokenizer, length: int | None = None):
+def make_examples(records: Sequence[dict], tok: CharTokenizer, length: int | None = None):
   """[N, L] int32 tokens and [N, L] bool loss mask (True where the *target* is demo or EOS).
 
   The mask is aligned with the targets: entry t says whether token t is supervised, so the
   prediction made at position t-1 is scored.
   """
   seqs, masks = [], []
-  for i, r in enumerate(rows):
+  for i, r in enumerate(records):
     try:
       p = tok.encode(r["prompt"], bos=True)
       d = tok.encode(r["demo"], eos=True)
@@ -77,16 +77,16 @@ def sft_loss(model: tfm.Transformer, tokens: jax.Array, loss_mask: jax.Array) ->
   return -jnp.sum(jnp.where(m, logp, 0.0)) / jnp.maximum(jnp.sum(m), 1)
 
 
-def train_sft(model: tfm.Transformer, rows: Sequence[dict], tok: CharTokenizer, cfg: SFTConfig,
-              *, log_every: int = 50, log=print, eval_rows: Sequence[dict] | None = None,
+def train_sft(model: tfm.Transformer, records: Sequence[dict], tok: CharTokenizer, cfg: SFTConfig,
+              *, log_every: int = 50, log=print, eval_records: Sequence[dict] | None = None,
               progress: bool = True) -> tuple[nnx.State, list]:
   """Train ``model`` in place on demonstrations; returns (params, history).
 
-  history holds the training loss at each log step, or, with ``eval_rows``, dicts with the
+  history holds the training loss at each log step, or, with ``eval_records``, dicts with the
   held-out loss of the raw weights and of each average named in ``cfg.averaging``. Those are
   logged above a progress bar over the steps (``progress``).
   """
-  tokens, mask = make_examples(rows, tok)
+  tokens, mask = make_examples(records, tok)
   tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
   n = tokens.shape[0]
   bs = min(cfg.batch_size, n)
@@ -115,8 +115,8 @@ def train_sft(model: tfm.Transformer, rows: Sequence[dict], tok: CharTokenizer, 
     from rlpost import averaging
 
     tracker = averaging.Tracker(cfg.averaging, params)
-  if eval_rows is not None:
-    ev_tokens, ev_mask = (jnp.asarray(x) for x in make_examples(eval_rows, tok))
+  if eval_records is not None:
+    ev_tokens, ev_mask = (jnp.asarray(x) for x in make_examples(eval_records, tok))
     eval_loss = jax.jit(lambda p: sft_loss(nnx.merge(graphdef, p), ev_tokens, ev_mask))
   history = []
   with progress_lib.bar(total=cfg.steps, desc="sft", unit="step", disable=not progress) as bar:
@@ -132,7 +132,7 @@ def train_sft(model: tfm.Transformer, rows: Sequence[dict], tok: CharTokenizer, 
         if not np.isfinite(loss):
           raise FloatingPointError(f"SFT loss became {loss} at step {i + 1}")
         bar.set_postfix(loss=f"{loss:.4f}")
-        if eval_rows is None:
+        if eval_records is None:
           history.append(loss)
           rec = {"loss": loss}
         else:
@@ -153,7 +153,7 @@ def cache_key(*parts) -> str:
   return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def cached_sft(model: tfm.Transformer, rows: Sequence[dict], tok: CharTokenizer, cfg: SFTConfig,
+def cached_sft(model: tfm.Transformer, records: Sequence[dict], tok: CharTokenizer, cfg: SFTConfig,
                cache_dir: str, key: str, *, log=print, progress: bool = True) -> nnx.State:
   """Load the SFT policy from ``cache_dir/key`` if present, else train and save it there."""
   path = os.path.join(cache_dir, f"sft-{key}")
@@ -163,7 +163,7 @@ def cached_sft(model: tfm.Transformer, rows: Sequence[dict], tok: CharTokenizer,
     nnx.update(model, params)
     log(f"reusing cached SFT policy {path}")
     return params
-  params, _ = train_sft(model, rows, tok, cfg, log=log, progress=progress)
+  params, _ = train_sft(model, records, tok, cfg, log=log, progress=progress)
   os.makedirs(cache_dir, exist_ok=True)
   checkpoint.save_params(path, params)
   log(f"saved SFT policy to {path}")

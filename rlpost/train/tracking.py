@@ -10,7 +10,7 @@ and ``close()``. Kinds, comma-separated to use several (``"tensorboard,wandb"``)
   ``run_dir/wandb_id``, so a resumed run continues the same W&B run; its files go to
   ``$WANDB_DIR`` if set, else into ``run_dir``. ``WANDB_MODE=offline`` needs no network
   (``wandb sync`` uploads later); ``WANDB_PROJECT`` names the project (default ``rlpost``).
-  W&B cannot drop steps, so after a resume it ignores rows of steps it already holds.
+  W&B cannot drop steps, so after a resume it ignores entries of steps it already holds.
 - ``none``: nothing beyond ``metrics.jsonl``.
 
 A tracker never stops or hangs a run. Each one runs on its own worker thread and every call
@@ -183,7 +183,7 @@ class Guarded:
   def _disable(self, why: str) -> None:
     self.disabled = True
     self.warn(f"WARNING: tracker {self.name}: {why}; it is disabled and the run goes on "
-              "(metrics.jsonl keeps every row)")
+              "(metrics.jsonl keeps every entry)")
     self._stop()
 
   def _stop(self) -> None:

@@ -114,9 +114,10 @@ def make_update(*, recipe: obj.Recipe, optimizer: optax.GradientTransformation,
       if not model:  # no pass ran: no slot computed, no real token seen
         pack = {k: obj.LossParts(jnp.zeros_like(v.sum), v.denominator) for k, v in pack.items()}
       metrics = {**metrics, **pack}
-    tok = sub.token_mask & sub.valid[:, None]
+    token_valid = sub.token_mask & sub.valid[:, None]
     gap = jnp.abs(jax.lax.stop_gradient(logp) - sub.behaviour_logp)
-    mismatch = obj.LossParts(jnp.sum(jnp.where(tok, gap, 0.0)), jnp.sum(tok).astype(jnp.float32))
+    mismatch = obj.LossParts(jnp.sum(jnp.where(token_valid, gap, 0.0)),
+                             jnp.sum(token_valid).astype(jnp.float32))
     return parts, (metrics, mismatch)
 
   def packed(fn, rows, batch, pmask):

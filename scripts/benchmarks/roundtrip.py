@@ -130,7 +130,7 @@ def run(args) -> dict:
   from flax import nnx
 
   from rlpost.dynamics import model as mdl
-  from rlpost.dynamics import rollout as ro
+  from rlpost.dynamics import rollout as rollout_lib
   from rlpost.dynamics import systems
 
   if args.quick:
@@ -144,21 +144,21 @@ def run(args) -> dict:
   model_cfg, sampler = plan.train.model, plan.deterministic_sampler()
   grid = tuple(systems.get_system(plan.name).spatial_shape)
   graphdef, params = nnx.split(mdl.init_model(model_cfg, jax.random.key(args.seed)))
-  stepper = ro.make_stepper(graphdef, params, mdl.identity_stats(model_cfg), sampler)
+  stepper = rollout_lib.make_stepper(graphdef, params, mdl.identity_stats(model_cfg), sampler)
   x0 = jax.random.normal(jax.random.key(args.seed + 1), (batch, *grid, model_cfg.num_fields))
   key = jax.random.key(args.seed + 2)
   n_params = mdl.num_params(params)
 
   calls = {
-      "forward": lambda d: ro.rollout(stepper, x0, +1, d, key, validate=False),
-      "round": lambda d: ro.round_trip(stepper, x0, (d,), key, validate=False),
-      "all": lambda d: ro.round_trip(stepper, x0, d, key, validate=False),
+      "forward": lambda d: rollout_lib.rollout(stepper, x0, +1, d, key, validate=False),
+      "round": lambda d: rollout_lib.round_trip(stepper, x0, (d,), key, validate=False),
+      "all": lambda d: rollout_lib.round_trip(stepper, x0, d, key, validate=False),
   }
 
   def set_call():
-    return ro.round_trip(stepper, x0, tuple(depths), key, validate=False)
+    return rollout_lib.round_trip(stepper, x0, tuple(depths), key, validate=False)
 
-  traces_before = dict(ro.TRACE_COUNTS)
+  traces_before = dict(rollout_lib.TRACE_COUNTS)
 
   # Warm-up: compile every (variant, depth) once; record compile + first-run seconds.
   compile_s = {v: {} for v in VARIANTS}
@@ -173,7 +173,7 @@ def run(args) -> dict:
     t0 = time.perf_counter()
     jax.block_until_ready(set_call())
     set_compile_s = time.perf_counter() - t0
-  traces = {k: v - traces_before.get(k, 0) for k, v in ro.TRACE_COUNTS.items()
+  traces = {k: v - traces_before.get(k, 0) for k, v in rollout_lib.TRACE_COUNTS.items()
             if v - traces_before.get(k, 0)}
 
   times = {v: {d: [] for d in depths} for v in VARIANTS}
@@ -213,8 +213,8 @@ def run(args) -> dict:
   compilations = {"warmup": warm.count, "warmup_compile_s": warm.seconds,
                   "timed": timed.count, "traces": traces,
                   "jit_cache_sizes": {n: f._cache_size() for n, f in
-                                      (("rollout", ro._rollout_jit),
-                                       ("round_trip", ro._round_trip_jit))
+                                      (("rollout", rollout_lib._rollout_jit),
+                                       ("round_trip", rollout_lib._round_trip_jit))
                                       if hasattr(f, "_cache_size")}}
   settings = {
       "quick": bool(args.quick), "system": plan.name, "grid": list(grid),

@@ -123,9 +123,9 @@ def _trl_trainer(trainer, workdir: str, beta: float, args, steps: int, callback)
   datasets.disable_progress_bars()
   path = hf.save_pretrained(trainer.reference_model(), Path(workdir) / f"policy-{beta}", architecture="qwen2",
                             overwrite=True)
-  rows = trainer.rows["train"][: args.prompts * (steps + 1)]
+  records = trainer.records["train"][: args.prompts * (steps + 1)]
   data = datasets.Dataset.from_list([{"prompt": "<s>" + r["prompt"], "answer": r["answer"]}
-                                     for r in rows])
+                                     for r in records])
   n_max = trainer.max_new_tokens
 
   def reward(prompts, completions, completion_ids, answer, **_):

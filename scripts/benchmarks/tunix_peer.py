@@ -181,7 +181,7 @@ class GRPOPeer:
 
     cfg = trainer.cfg
     self.prompts, self.group, self.n = cfg.num_prompts, cfg.group_size, trainer.max_new_tokens
-    self.rows = trainer.rows["train"]
+    self.records = trainer.records["train"]
     self.steps = steps
     policy = trainer.reference_model()
     self.actor = load_model(policy, workdir, f"tunix-actor-{beta}")
@@ -243,13 +243,13 @@ class GRPOPeer:
 
   def batches(self):
     for i in range(self.steps):
-      rows = self.rows[i * self.prompts:(i + 1) * self.prompts]
-      if len(rows) < self.prompts:
-        raise ValueError(f"{len(self.rows)} training prompts are too few for {self.steps} "
+      records = self.records[i * self.prompts:(i + 1) * self.prompts]
+      if len(records) < self.prompts:
+        raise ValueError(f"{len(self.records)} training prompts are too few for {self.steps} "
                          f"steps of {self.prompts}")
       # Tunix repeats each column G times with numpy; plain lists would nest.
-      yield {"prompts": np.array([r["prompt"] for r in rows]),
-             "answer": np.array([r["answer"] for r in rows])}
+      yield {"prompts": np.array([r["prompt"] for r in records]),
+             "answer": np.array([r["answer"] for r in records])}
 
   def train(self) -> None:
     self.learner.train(self.batches())

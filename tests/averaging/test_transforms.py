@@ -192,12 +192,12 @@ def test_parse_spec_and_errors():
 
 def test_tracker_for_the_run_loop():
   p = {"x": jnp.zeros(2)}
-  tr = A.Tracker("lawa:k=2,every=1;ema:decay=0.5,as=fast", p)
+  tracker = A.Tracker("lawa:k=2,every=1;ema:decay=0.5,as=fast", p)
   for v in (1.0, 2.0, 3.0):
-    tr.update({"x": jnp.full(2, v)})
-  out = tr.results({"x": jnp.full(2, 3.0)})
+    tracker.update({"x": jnp.full(2, v)})
+  out = tracker.results({"x": jnp.full(2, 3.0)})
   np.testing.assert_allclose(out["lawa_k2_every1"]["x"], 2.5)
-  ev = tr.evaluate(lambda q: {"score": float(q["x"][0]), "other": 0.0}, {"x": jnp.full(2, 3.0)},
-                   keys=("score",))
+  ev = tracker.evaluate(lambda q: {"score": float(q["x"][0]), "other": 0.0},
+                        {"x": jnp.full(2, 3.0)}, keys=("score",))
   assert sorted(ev) == ["avg/fast/score", "avg/lawa_k2_every1/score"]
   np.testing.assert_allclose(ev["avg/lawa_k2_every1/score"], 2.5)

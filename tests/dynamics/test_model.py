@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from rlpost.dynamics import model as mdl
-from rlpost.dynamics import train as tr
+from rlpost.dynamics import train as train_lib
 from roundtrip_testutil import advected, denoiser_fn, tiny_config, tiny_model
 
 
@@ -32,7 +32,7 @@ def test_config_validation():
   with pytest.raises(ValueError, match="divisible"):
     mdl.ModelConfig(latent=True, ae_downsample=2).latent_shape((15,))
   with pytest.raises(ValueError, match="directions"):
-    tr.TrainConfig(directions="sideways")
+    train_lib.TrainConfig(directions="sideways")
 
 
 @pytest.mark.parametrize("spatial_dims,num_fields", [(1, 1), (1, 3), (2, 2)])
@@ -113,10 +113,10 @@ def test_statistics_by_hand():
   traj = np.zeros((1, 3, 2, 2), np.float32)
   traj[0, :, :, 0] = [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]  # mean 1, std sqrt(2/3)
   traj[0, :, :, 1] = 5.0  # constant: std floored
-  mean, std = tr.field_stats(traj)
+  mean, std = train_lib.field_stats(traj)
   np.testing.assert_allclose(mean, [1.0, 5.0])
   np.testing.assert_allclose(std, [np.sqrt(2 / 3), 1e-6], rtol=1e-6)
-  lmean, lstd, rms = tr.channel_stats(traj)
+  lmean, lstd, rms = train_lib.channel_stats(traj)
   # Standardised channel 0 steps by 1 / sqrt(2/3) every frame.
   np.testing.assert_allclose(rms[0], 1 / np.sqrt(2 / 3), rtol=1e-6)
   np.testing.assert_allclose(rms[1], 1e-6)
@@ -125,7 +125,7 @@ def test_statistics_by_hand():
 @pytest.mark.parametrize("directions", ["both", "forward", "backward"])
 def test_pairs_follow_the_direction(directions):
   data = jnp.asarray(advected(4, 6, x=16, f=1, shift=1))
-  cond, nxt, d = tr.sample_pairs(data, jax.random.key(0), 10, directions)
+  cond, nxt, d = train_lib.sample_pairs(data, jax.random.key(0), 10, directions)
   expect = {"both": [1.0] * 5 + [-1.0] * 5, "forward": [1.0] * 10, "backward": [-1.0] * 10}
   np.testing.assert_array_equal(d, expect[directions])
   # Advection by +1 cell per frame: the next state in direction d is the condition rolled by d.
@@ -142,56 +142,56 @@ def test_flow_matching_loss_by_hand():
 
   y = jnp.full((2, 4, 1), 2.0)
   noise = jnp.ones((2, 4, 1))
-  err, count = tr.flow_matching_loss(Zero(), y, y, jnp.ones(2), jnp.full((2,), 0.5), noise)
+  err, count = train_lib.flow_matching_loss(Zero(), y, y, jnp.ones(2), jnp.full((2,), 0.5), noise)
   assert float(err) == pytest.approx(8.0) and float(count) == 8.0
 
 
 def test_bad_training_data():
-  config = tr.TrainConfig(model=tiny_config(), num_steps=1)
+  config = train_lib.TrainConfig(model=tiny_config(), num_steps=1)
   good = advected(2, 3, x=16)
   with pytest.raises(ValueError, match="rank"):
-    tr.train(config, good[0], jax.random.key(0))
+    train_lib.train(config, good[0], jax.random.key(0))
   with pytest.raises(ValueError, match="fields"):
-    tr.train(config, good[..., :1], jax.random.key(0))
+    train_lib.train(config, good[..., :1], jax.random.key(0))
   with pytest.raises(ValueError, match="at least 2 frames"):
-    tr.train(config, good[:, :1], jax.random.key(0))
+    train_lib.train(config, good[:, :1], jax.random.key(0))
   bad = good.copy()
   bad[0, 1, 3, 0] = np.nan
   with pytest.raises(ValueError, match="NaN"):
-    tr.train(config, bad, jax.random.key(0))
+    train_lib.train(config, bad, jax.random.key(0))
 
 
 def test_short_training_reduces_loss_and_is_deterministic():
   data = advected(16, 8, x=32, f=2)
-  config = tr.TrainConfig(model=tiny_config(width=16), num_steps=60, batch_size=16, log_every=10,
-                          learning_rate=3e-3, warmup_steps=5)
-  graphdef, params, stats, history = tr.train(config, data, jax.random.key(0))
+  config = train_lib.TrainConfig(model=tiny_config(width=16), num_steps=60, batch_size=16,
+                                 log_every=10, learning_rate=3e-3, warmup_steps=5)
+  graphdef, params, stats, history = train_lib.train(config, data, jax.random.key(0))
   loss = history["loss"]
   assert loss.shape == (6,) and np.all(np.isfinite(loss))
   assert loss[-1] < 0.75 * loss[0], loss
   assert history["num_params"] == mdl.num_params(params)
   # The same key gives the same run, bit for bit (the second run reuses the compiled step).
-  first10 = tr.train(config.replace(num_steps=10), data, jax.random.key(0))
-  again = tr.train(config.replace(num_steps=10), data, jax.random.key(0))
+  first10 = train_lib.train(config.replace(num_steps=10), data, jax.random.key(0))
+  again = train_lib.train(config.replace(num_steps=10), data, jax.random.key(0))
   jax.tree.map(np.testing.assert_array_equal, again[1], first10[1])
   np.testing.assert_array_equal(again[3]["loss"], first10[3]["loss"])
   # A held-out loss of the trained model is below that of the 10-step one on the same batch.
   held = advected(4, 8, x=32, f=2, seed=1)
-  trained = tr.evaluate_loss(graphdef, params, stats, held, jax.random.key(3))
-  early = tr.evaluate_loss(first10[0], first10[1], first10[2], held, jax.random.key(3))
+  trained = train_lib.evaluate_loss(graphdef, params, stats, held, jax.random.key(3))
+  early = train_lib.evaluate_loss(first10[0], first10[1], first10[2], held, jax.random.key(3))
   assert trained < early
 
 
 def test_latent_training_pretrains_the_autoencoder():
   data = advected(8, 4, x=16, f=2)
-  config = tr.TrainConfig(model=tiny_config(latent=True, ae_width=16), num_steps=5, ae_steps=40,
-                          batch_size=8, ae_batch_size=8, log_every=10, ae_learning_rate=3e-3,
-                          warmup_steps=2)
-  graphdef, params, stats, history = tr.train(config, data, jax.random.key(0))
+  config = train_lib.TrainConfig(model=tiny_config(latent=True, ae_width=16), num_steps=5,
+                                 ae_steps=40, batch_size=8, ae_batch_size=8, log_every=10,
+                                 ae_learning_rate=3e-3, warmup_steps=2)
+  graphdef, params, stats, history = train_lib.train(config, data, jax.random.key(0))
   ae = history["ae_loss"]
   assert ae.shape == (4,) and ae[-1] < 0.5 * ae[0], ae
   assert stats.latent_mean.shape == (2,) and stats.delta_std.shape == (2,)
   # The latent statistics standardise the encoded training frames.
-  z = tr.encode_trajectories(graphdef, params, stats, data)
+  z = train_lib.encode_trajectories(graphdef, params, stats, data)
   np.testing.assert_allclose(z.reshape(-1, 2).mean(0), 0.0, atol=1e-3)
   np.testing.assert_allclose(z.reshape(-1, 2).std(0), 1.0, atol=1e-3)

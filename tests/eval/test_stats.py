@@ -10,8 +10,8 @@ from scipy import stats as sps
 
 from rlpost.eval import stats
 
-A = np.array([0.61, 0.58, 0.66, 0.63, 0.55])
-B = np.array([0.52, 0.57, 0.49, 0.60, 0.54, 0.50])
+SEEDS_A = np.array([0.61, 0.58, 0.66, 0.63, 0.55])
+SEEDS_B = np.array([0.52, 0.57, 0.49, 0.60, 0.54, 0.50])
 
 
 def _mean_diff(a, b, axis=-1):
@@ -23,27 +23,28 @@ def _mean_diff(a, b, axis=-1):
 
 @pytest.mark.parametrize("level", [0.9, 0.95, 0.99])
 def test_t_intervals_match_scipy(level):
-  m, lo, hi = stats.mean_interval(A, level)
-  ci = sps.ttest_1samp(A, 0.0).confidence_interval(level)
-  np.testing.assert_allclose([m, lo, hi], [A.mean(), ci.low, ci.high], rtol=0, atol=1e-8)
+  m, lo, hi = stats.mean_interval(SEEDS_A, level)
+  ci = sps.ttest_1samp(SEEDS_A, 0.0).confidence_interval(level)
+  np.testing.assert_allclose([m, lo, hi], [SEEDS_A.mean(), ci.low, ci.high], rtol=0, atol=1e-8)
 
-  d, lo, hi = stats.diff_interval(A, B, level)
-  ci = sps.ttest_ind(A, B, equal_var=False).confidence_interval(level)
-  np.testing.assert_allclose([d, lo, hi], [A.mean() - B.mean(), ci.low, ci.high], atol=1e-8)
+  d, lo, hi = stats.diff_interval(SEEDS_A, SEEDS_B, level)
+  ci = sps.ttest_ind(SEEDS_A, SEEDS_B, equal_var=False).confidence_interval(level)
+  np.testing.assert_allclose([d, lo, hi], [SEEDS_A.mean() - SEEDS_B.mean(), ci.low, ci.high],
+                             atol=1e-8)
 
-  b = B[:5]
-  d, lo, hi = stats.diff_interval(A, b, level, paired=True, method="t")
-  ci = sps.ttest_rel(A, b).confidence_interval(level)
-  np.testing.assert_allclose([d, lo, hi], [np.mean(A - b), ci.low, ci.high], atol=1e-8)
+  b = SEEDS_B[:5]
+  d, lo, hi = stats.diff_interval(SEEDS_A, b, level, paired=True, method="t")
+  ci = sps.ttest_rel(SEEDS_A, b).confidence_interval(level)
+  np.testing.assert_allclose([d, lo, hi], [np.mean(SEEDS_A - b), ci.low, ci.high], atol=1e-8)
 
 
 @pytest.mark.parametrize("alternative", ["two-sided", "greater", "less"])
 def test_t_test_matches_scipy(alternative):
-  p = stats.t_test(A, B, alternative=alternative)
-  ref = sps.ttest_ind(A, B, equal_var=False, alternative=alternative).pvalue
+  p = stats.t_test(SEEDS_A, SEEDS_B, alternative=alternative)
+  ref = sps.ttest_ind(SEEDS_A, SEEDS_B, equal_var=False, alternative=alternative).pvalue
   np.testing.assert_allclose(p, ref, atol=1e-8)
-  p = stats.t_test(A, B[:5], paired=True, alternative=alternative)
-  np.testing.assert_allclose(p, sps.ttest_rel(A, B[:5], alternative=alternative).pvalue,
+  p = stats.t_test(SEEDS_A, SEEDS_B[:5], paired=True, alternative=alternative)
+  np.testing.assert_allclose(p, sps.ttest_rel(SEEDS_A, SEEDS_B[:5], alternative=alternative).pvalue,
                              atol=1e-8)
 
 
@@ -53,14 +54,16 @@ def test_bca_matches_scipy_same_seed():
                        rng=np.random.default_rng(7)).confidence_interval
     return [ci.low, ci.high]
 
-  _, lo, hi = stats.mean_interval(A, method="bca", n_resamples=2999, seed=7)
-  np.testing.assert_allclose([lo, hi], scipy_ci((A,), np.mean), atol=1e-8)
-  _, lo, hi = stats.mean_interval(A, method="percentile", n_resamples=2999, seed=7)
-  np.testing.assert_allclose([lo, hi], scipy_ci((A,), np.mean, method="percentile"), atol=1e-8)
-  for paired, b in ((False, B), (True, B[:5])):
-    d, lo, hi = stats.diff_interval(A, b, paired=paired, method="bca", n_resamples=2999, seed=7)
-    assert d == pytest.approx(A.mean() - b.mean())
-    np.testing.assert_allclose([lo, hi], scipy_ci((A, b), _mean_diff, paired), atol=1e-8)
+  _, lo, hi = stats.mean_interval(SEEDS_A, method="bca", n_resamples=2999, seed=7)
+  np.testing.assert_allclose([lo, hi], scipy_ci((SEEDS_A,), np.mean), atol=1e-8)
+  _, lo, hi = stats.mean_interval(SEEDS_A, method="percentile", n_resamples=2999, seed=7)
+  np.testing.assert_allclose([lo, hi], scipy_ci((SEEDS_A,), np.mean, method="percentile"),
+                             atol=1e-8)
+  for paired, b in ((False, SEEDS_B), (True, SEEDS_B[:5])):
+    d, lo, hi = stats.diff_interval(SEEDS_A, b, paired=paired, method="bca", n_resamples=2999,
+                                    seed=7)
+    assert d == pytest.approx(SEEDS_A.mean() - b.mean())
+    np.testing.assert_allclose([lo, hi], scipy_ci((SEEDS_A, b), _mean_diff, paired), atol=1e-8)
     assert lo < d < hi
 
 
@@ -68,10 +71,10 @@ def test_bca_matches_scipy_same_seed():
 @pytest.mark.parametrize("alternative", ["two-sided", "greater", "less"])
 def test_permutation_matches_scipy(paired, alternative):
   # Unpaired C(11, 5) = 462 and paired 2^5 = 32 relabelings: exact; 100 resamples: Monte Carlo.
-  b = B[:5] if paired else B
+  b = SEEDS_B[:5] if paired else SEEDS_B
   for n_resamples in (10000, 100):
-    p = stats.permutation_test(A, b, paired, alternative, n_resamples=n_resamples, seed=3)
-    ref = sps.permutation_test((A, b), _mean_diff, vectorized=True, n_resamples=n_resamples,
+    p = stats.permutation_test(SEEDS_A, b, paired, alternative, n_resamples=n_resamples, seed=3)
+    ref = sps.permutation_test((SEEDS_A, b), _mean_diff, vectorized=True, n_resamples=n_resamples,
                                permutation_type="samples" if paired else "independent",
                                alternative=alternative, rng=np.random.default_rng(3)).pvalue
     np.testing.assert_allclose(p, ref, atol=1e-8)
@@ -87,7 +90,7 @@ def test_exact_permutation_by_hand():
   assert stats.permutation_test([1, 2, 3], [4, 5, 6], alternative="greater") == pytest.approx(1)
 
   # Unpaired by enumeration of all C(9, 4) = 126 splits, one-sided.
-  a, b = A[:4], B[:5]
+  a, b = SEEDS_A[:4], SEEDS_B[:5]
   pooled, obs = np.concatenate([a, b]), a.mean() - b.mean()
   diffs = []
   for idx in itertools.combinations(range(9), 4):
@@ -98,10 +101,11 @@ def test_exact_permutation_by_hand():
   assert stats.permutation_test(a, b, alternative="greater") == pytest.approx(ref)
 
   # Paired by enumeration of all 2^5 sign flips of the differences.
-  d = A - B[:5]
+  d = SEEDS_A - SEEDS_B[:5]
   flips = np.array(list(itertools.product([1.0, -1.0], repeat=5)))
   ref = np.mean((flips * d).mean(axis=1) >= d.mean() - 1e-12)
-  assert stats.permutation_test(A, B[:5], paired=True, alternative="greater") == pytest.approx(ref)
+  p = stats.permutation_test(SEEDS_A, SEEDS_B[:5], paired=True, alternative="greater")
+  assert p == pytest.approx(ref)
 
 
 def test_holm_by_hand():
@@ -128,17 +132,17 @@ def test_tost_by_hand_and_against_one_sided_scipy_tests():
 
   # One-sided p-values are Welch / paired t-tests of the shifted null; the interval is the 90% one.
   margin = 0.05
-  for paired, b in ((False, B), (True, B[:5])):
+  for paired, b in ((False, SEEDS_B), (True, SEEDS_B[:5])):
     test = sps.ttest_rel if paired else (lambda x, y, **k: sps.ttest_ind(x, y, equal_var=False,
                                                                          **k))
-    p_minus = test(A, b - margin, alternative="greater").pvalue
-    p_plus = test(A, b + margin, alternative="less").pvalue
-    p, lo, hi = stats.tost(A, b, margin, paired=paired)
+    p_minus = test(SEEDS_A, b - margin, alternative="greater").pvalue
+    p_plus = test(SEEDS_A, b + margin, alternative="less").pvalue
+    p, lo, hi = stats.tost(SEEDS_A, b, margin, paired=paired)
     np.testing.assert_allclose(p, max(p_minus, p_plus), atol=1e-8)
-    ci = test(A, b).confidence_interval(0.90)
+    ci = test(SEEDS_A, b).confidence_interval(0.90)
     np.testing.assert_allclose([lo, hi], [ci.low, ci.high], atol=1e-8)
   with pytest.raises(ValueError, match="margin must be finite and > 0"):
-    stats.tost(A, B, margin=0.0)
+    stats.tost(SEEDS_A, SEEDS_B, margin=0.0)
 
 
 def test_seeds_needed_and_min_detectable_effect():
@@ -246,13 +250,13 @@ def test_bad_input_rejected_naming_argument(bad, message):
   with pytest.raises(ValueError, match=f"^x {message}"):
     stats.mean_interval(bad)
   with pytest.raises(ValueError, match=f"^a {message}"):
-    stats.diff_interval(bad, B)
+    stats.diff_interval(bad, SEEDS_B)
   with pytest.raises(ValueError, match=f"^b {message}"):
-    stats.permutation_test(A, bad)
+    stats.permutation_test(SEEDS_A, bad)
   with pytest.raises(ValueError, match=f"^b {message}"):
-    stats.tost(A, bad, margin=0.1)
+    stats.tost(SEEDS_A, bad, margin=0.1)
   with pytest.raises(ValueError, match=f"^b {message}"):
-    stats.t_test(A, bad)
+    stats.t_test(SEEDS_A, bad)
   if message != "needs at least 2 values":
     with pytest.raises(ValueError, match=f"^pvalues {message}"):
       stats.holm(bad)
@@ -260,23 +264,23 @@ def test_bad_input_rejected_naming_argument(bad, message):
 
 def test_bad_options_rejected():
   with pytest.raises(ValueError, match="unknown method 'bootstrap'"):
-    stats.mean_interval(A, method="bootstrap")
+    stats.mean_interval(SEEDS_A, method="bootstrap")
   with pytest.raises(ValueError, match="unknown method 'percentile'"):
-    stats.diff_interval(A, B, method="percentile")
+    stats.diff_interval(SEEDS_A, SEEDS_B, method="percentile")
   with pytest.raises(ValueError, match="unknown alternative 'two_sided'"):
-    stats.permutation_test(A, B, alternative="two_sided")
+    stats.permutation_test(SEEDS_A, SEEDS_B, alternative="two_sided")
   with pytest.raises(ValueError, match="unknown alternative 'bigger'"):
-    stats.t_test(A, B, alternative="bigger")
+    stats.t_test(SEEDS_A, SEEDS_B, alternative="bigger")
   with pytest.raises(ValueError, match="method='welch' is the unpaired interval"):
-    stats.diff_interval(A, B[:5], paired=True)
+    stats.diff_interval(SEEDS_A, SEEDS_B[:5], paired=True)
   with pytest.raises(ValueError, match="method='t' is the paired interval"):
-    stats.diff_interval(A, B, method="t")
+    stats.diff_interval(SEEDS_A, SEEDS_B, method="t")
   with pytest.raises(ValueError, match="differ in length: 5 vs 6"):
-    stats.diff_interval(A, B, paired=True, method="t")
+    stats.diff_interval(SEEDS_A, SEEDS_B, paired=True, method="t")
   with pytest.raises(ValueError, match="level must lie strictly between 0.0 and 1.0"):
-    stats.mean_interval(A, level=95)
+    stats.mean_interval(SEEDS_A, level=95)
   with pytest.raises(ValueError, match="n_resamples must be an integer >= 1"):
-    stats.permutation_test(A, B, n_resamples=0)
+    stats.permutation_test(SEEDS_A, SEEDS_B, n_resamples=0)
 
 
 def test_classify_four_outcomes_by_hand():

@@ -25,8 +25,8 @@ IDENTITY = {"policy": "a" * 64, "data": {"test": "b" * 64, "train": "c" * 64},
 
 def write_run(root, name, config, seed, evals, train=None, identity=IDENTITY, **overrides):
   """A run directory: config.json (``config`` with ``seed`` and ``overrides``), identity.json
-  (``identity``; None: none) and metrics.jsonl, with eval rows at the steps of ``evals``
-  ({step: {metric: value}}, a step given as a fraction of the run's ``steps``) and train rows
+  (``identity``; None: none) and metrics.jsonl, with eval entries at the steps of ``evals``
+  ({step: {metric: value}}, a step given as a fraction of the run's ``steps``) and train entries
   (``train``) at the same steps."""
   d = os.path.join(root, f"{name}-s{seed}")
   os.makedirs(d)

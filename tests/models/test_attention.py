@@ -265,11 +265,11 @@ def test_cached_and_uncached_layer_share_the_kernel_and_the_padded_row_rule(dtyp
   layer = tfm.Attention(cfg, rngs=nnx.Rngs(0))
   x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 37, 32)), cfg.compute_dtype)
   pos, valid = _padded_tokens(37)
-  tok = attention.Tokens(pos, valid)
+  tokens = attention.Tokens(pos, valid)
   # The o_proj bias is 0 and the layer is linear in attention's output: padded rows stay 0.
-  plain, none = layer(x, tok, None, 0)
+  plain, none = layer(x, tokens, None, 0)
   cache = tfm.init_cache(cfg, 2, 37)[0]
-  cached, new = layer(x, tok, cache, 0, k_tok=tok)
+  cached, new = layer(x, tokens, cache, 0, k_tok=tokens)
   assert none is None and new.k.shape == (2, 2, 8, 37) and new.v.shape == (2, 2, 37, 8)
   rows = np.asarray(valid)
   f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731

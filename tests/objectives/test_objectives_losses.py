@@ -49,8 +49,8 @@ def test_sequence_ratio_value_and_gradient(variant):
 @VARIANTS
 def test_gspo_token_variant_has_sequence_value_and_per_token_gradient(variant):
   seq = variant(O.sequence_log_ratio)(LOGP, OLD, MASK)
-  tok = variant(O.sequence_token_log_ratio)(LOGP, OLD, MASK)
-  np.testing.assert_allclose(tok, seq, atol=1e-6)
+  per_token = variant(O.sequence_token_log_ratio)(LOGP, OLD, MASK)
+  np.testing.assert_allclose(per_token, seq, atol=1e-6)
   jac = jax.jacobian(lambda lp: jnp.exp(O.sequence_token_log_ratio(lp, OLD, MASK)))(
       jnp.asarray(LOGP)
   )

@@ -88,10 +88,10 @@ def test_zero_advantage_groups_count_what_the_loss_sees():
   # Group 0 all zero, group 1 has signal, group 2's only nonzero row has weight 0.
   np.testing.assert_allclose(obj.zero_advantage_fraction(values, weights, mask, group), 2 / 3)
   # Per-token values: a row counts when any of its generated tokens is nonzero.
-  tok = jnp.zeros((6, 2)).at[0, 1].set(1.0)
-  np.testing.assert_allclose(obj.zero_advantage_fraction(tok, weights, mask, group), 2 / 3)
+  token_adv = jnp.zeros((6, 2)).at[0, 1].set(1.0)
+  np.testing.assert_allclose(obj.zero_advantage_fraction(token_adv, weights, mask, group), 2 / 3)
   np.testing.assert_allclose(
-      obj.zero_advantage_fraction(tok, weights, mask.at[0, 1].set(False), group), 1.0)
+      obj.zero_advantage_fraction(token_adv, weights, mask.at[0, 1].set(False), group), 1.0)
   # An allocation that drops every group (all weights 0) leaves nothing to learn: 1, not 0/0.
   np.testing.assert_allclose(obj.zero_advantage_fraction(values, jnp.zeros(6), mask, group), 1.0)
 

@@ -96,7 +96,7 @@ def test_host_scorer_calls_score_batch_once_per_batch():
   mask = np.ones_like(tokens, bool)
   mask[1, -2] = False  # "\boxed{}" with its last digit masked: no number
   fn = base.host_scorer(Counting(types.SimpleNamespace(answer_check="math_verify")),
-                        {"train": [{"answer": "2"}], "test": []}, Tok(), stop_ids=[0])
+                        {"train": [{"answer": "2"}], "test": []}, Tok(), stop_tokens=[0])
   assert list(fn(tokens, mask, np.array([0, 0]), 0)) == [1.0, 0.0] and calls == [2]
 
 

@@ -36,6 +36,17 @@ def test_registry_lists_builtins_and_refuses_unknown_or_duplicate_names():
     Unscored(cfg=None)
 
 
+def test_the_template_flag_is_apart_from_the_config_template():
+  # the Task flag says whether prompts take the config's template text (cfg.prompt_template)
+  assert not base.Task.takes_prompt_template
+  assert catalog.get_task("gsm8k").takes_prompt_template
+  assert not catalog.get_task("arithmetic").takes_prompt_template
+  with pytest.raises(TypeError, match="'prompt_template' is now 'takes_prompt_template'"):
+
+    class Old(base.Task):  # noqa: F841
+      prompt_template = True
+
+
 def test_pad_left_right_and_errors():
   toks, mask = pad([[5, 6], [7]], pad_id=9, side="left")
   np.testing.assert_array_equal(toks, [[5, 6], [9, 7]])
@@ -66,7 +77,7 @@ def test_host_scorer_decodes_and_passes_finished_and_the_record():
 
   tok = CharTokenizer()
   records = {"train": [{"answer": "12"}, {"answer": "3"}], "test": [{"answer": "7"}]}
-  fn = base.host_scorer(Echo(cfg=None), records, tok, stop_ids=(EOS,))
+  fn = base.host_scorer(Echo(cfg=None), records, tok, stop_tokens=(EOS,))
   ids = [tok.encode("12", eos=True), tok.encode("3"), tok.encode("7", eos=True)]
   tokens, mask = pad(ids, pad_id=tok.pad_id, side="right")
   r = fn(tokens[:2], mask[:2], np.array([0, 1]), 0)

@@ -9,6 +9,7 @@ import pytest
 from rl_testutil import assert_moved, learning_config
 
 from rlpost import objectives as obj
+from rlpost import registry
 from rlpost.objectives import recipes
 from rlpost.rollouts import allocate
 from rlpost.tokenizer import CharTokenizer
@@ -25,10 +26,10 @@ def test_run_facts_reach_the_recipe_factory(dirs):
   seen = []
 
   def facts_probe(*, max_length=None, group_size=None, num_prompts=None, rows=None,
-                  prompt_length=None, tokenizer=None, stop_ids=None, pad_id=None):
+                  prompt_length=None, tokenizer=None, stop_tokens=None, pad_id=None):
     seen.append(dict(max_length=max_length, group_size=group_size, num_prompts=num_prompts,
                      rows=rows, prompt_length=prompt_length, tokenizer=tokenizer,
-                     stop_ids=stop_ids, pad_id=pad_id))
+                     stop_tokens=stop_tokens, pad_id=pad_id))
     return obj.get_recipe("grpo").replace(name="facts_probe")
 
   recipes.register_recipe("facts_probe", facts_probe)
@@ -40,10 +41,29 @@ def test_run_facts_reach_the_recipe_factory(dirs):
   assert seen[0]["tokenizer"] is None and seen[0]["rows"] == 32
   got = seen[-1]
   assert isinstance(got["tokenizer"], CharTokenizer)
-  assert got["stop_ids"] == tuple(tr.stop_tokens) and got["pad_id"] == tr.pad_id
+  assert got["stop_tokens"] == tuple(tr.stop_tokens) and got["pad_id"] == tr.pad_id
   assert (got["group_size"], got["num_prompts"], got["rows"]) == (4, 8, 32)
   assert got["max_length"] == tr.max_new_tokens
   assert got["prompt_length"] == tr.train_data.prompt_tokens.shape[1]
+
+
+def test_a_renamed_fact_reaches_an_argument_of_its_earlier_name():
+  def old_recipe(*, stop_ids=None, pad_id=None):
+    seen.append((stop_ids, pad_id))
+    return obj.get_recipe("grpo")
+
+  def old_rule(sample, prompts, key, *, stop_ids=None):
+    seen.append(stop_ids)
+
+  seen = []
+  facts = dict(stop_tokens=(2, 7), pad_id=0, tokenizer=None)
+  assert registry.facts_for(old_rule, facts) == {"stop_ids": (2, 7)}
+  recipes.register_recipe("old_fact_names", old_recipe)
+  try:
+    obj.get_recipe("old_fact_names", obj.RecipeContext(stop_tokens=(2, 7), pad_id=0))
+  finally:
+    recipes._REGISTRY.pop("old_fact_names")
+  assert seen == [((2, 7), 0)]
 
 
 def test_every_source_reports_by_name(dirs):

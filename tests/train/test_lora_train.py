@@ -109,13 +109,13 @@ def lora_run(dirs, tmp_path_factory):
 def test_lora_run_resumes_exactly(lora_run):
   full, resumed = lora_run["full"], lora_run["resumed"]
   assert resumed["resumed_from"] == 2
-  rows = [loop.read_metrics(str(lora_run["root"] / d / "metrics.jsonl")) for d in ("full",
-                                                                                   "resumed")]
-  last = [r for r in rows[0] if "train/grad_norm" in r][-1]
+  entries = [loop.read_metrics(str(lora_run["root"] / d / "metrics.jsonl"))
+             for d in ("full", "resumed")]
+  last = [r for r in entries[0] if "train/grad_norm" in r][-1]
   assert last["step"] == 4
   assert_moved({k[len("train/"):]: v for k, v in last.items() if k.startswith("train/")}, "step 4")
   strip = lambda rs: [{k: v for k, v in r.items() if "seconds" not in k} for r in rs]  # noqa
-  assert strip(rows[0]) == strip(rows[1])
+  assert strip(entries[0]) == strip(entries[1])
   for x, y in zip(_leaves(full["state"]), _leaves(resumed["state"])):
     np.testing.assert_array_equal(x, y)
   # The in-run average is of the merged weights: its adapters are kept at B = 0.

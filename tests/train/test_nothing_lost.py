@@ -152,9 +152,9 @@ def test_unwritable_locations_fail_before_any_work(dirs, finished, tmp_path):
   one line naming the key or flag and the path, before data, warm start or averaging."""
   base = learning_config(dirs)
   cfg0 = finished[1].cfg
-  with tmpfs(tmp_path / "ro", "1m", read_only=True) as ro:
+  with tmpfs(tmp_path / "ro", "1m", read_only=True) as mount:
     for key in ("run_dir", "data_dir", "cache_dir"):
-      cfg = dataclasses.replace(cfg0, **{key: os.path.join(ro, key)})
+      cfg = dataclasses.replace(cfg0, **{key: os.path.join(mount, key)})
       run_dir = cfg.run_dir if key == "run_dir" else str(tmp_path / "r")
       refused(loop.check_run_dir, run_dir, cfg,
               match=rf"config key '{key}': .*{key} is not writable: its filesystem is read-only")
@@ -163,22 +163,22 @@ def test_unwritable_locations_fail_before_any_work(dirs, finished, tmp_path):
     run = copy_run(finished[0], tmp_path / "x")
     before = digest(run)
     refused(average_script.main, ["--ckpt-dir", os.path.join(run, "checkpoints"), "--method",
-                                  "lawa", "--k", "2", "--out", os.path.join(ro, "avg")],
+                                  "lawa", "--k", "2", "--out", os.path.join(mount, "avg")],
             match=r"--out: .*avg is not writable: its filesystem is read-only")
-    refused(export_script.main, [run, "--out", os.path.join(ro, "exp")],
+    refused(export_script.main, [run, "--out", os.path.join(mount, "exp")],
             match=r"--out: .*exp is not writable: its filesystem is read-only")
     assert digest(run) == before
   # The whole command: one line, exit 2, before the data set is built (nothing in data_dir).
-  with tmpfs(tmp_path / "ro2", "1m", read_only=True) as ro:
+  with tmpfs(tmp_path / "ro2", "1m", read_only=True) as mount:
     cfg_path = tmp_path / "cfg.json"
     cfg_path.write_text(json.dumps(dict(base, data_dir=str(tmp_path / "fresh_data"))))
     res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "train.py"),
-                          str(cfg_path), f"cache_dir={ro}/c", f"run_dir={tmp_path}/r2"],
+                          str(cfg_path), f"cache_dir={mount}/c", f"run_dir={tmp_path}/r2"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 2, res.stderr
     assert res.stderr.strip().splitlines() == [
-        f"error: config key 'cache_dir': {ro}/c is not writable: its filesystem is read-only "
-        f"(nothing can be created in {ro})"]
+        f"error: config key 'cache_dir': {mount}/c is not writable: its filesystem is read-only "
+        f"(nothing can be created in {mount})"]
     assert not os.path.exists(tmp_path / "fresh_data") and not os.path.exists(tmp_path / "r2")
     assert res.stdout == ""  # no data, model or warm-start work reported
   # Free space: below the stated minimum is refused, naming the variable that sets it.
@@ -318,8 +318,8 @@ def test_a_second_writer_exits_2_naming_the_holder_and_each_step_is_logged_once(
   finally:
     if first.poll() is None:
       first.kill()
-  rows = loop.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
-  steps = [r["step"] for r in rows if "train/loss" in r]
+  entries = loop.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+  steps = [r["step"] for r in entries if "train/loss" in r]
   assert steps == list(range(1, 7))
   # A stale lock: its holder was killed; the lock went with it.
   holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, "
@@ -398,10 +398,10 @@ def test_a_changed_config_is_refused_even_without_config_json(finished, tmp_path
   changed = rl.make_train(cfg, log=lambda s: None)
   out = loop.run(changed, run, progress=False, allow_config_change=True)
   assert out["resumed_from"] == 4 and int(out["state"].step) == 6
-  rows = loop.read_metrics(os.path.join(run, "metrics.jsonl"))
-  marks = [r for r in rows if "config_change" in r]
+  entries = loop.read_metrics(os.path.join(run, "metrics.jsonl"))
+  marks = [r for r in entries if "config_change" in r]
   assert marks == [{"step": 4, "config_change": {"lr": {"from": 1e-4, "to": 5e-4}}}]
-  assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
+  assert [r["step"] for r in entries if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
   # The checkpoints now carry the new config: resuming with it needs no flag.
   assert loop.config_changes(run, cfg) == {}
 
@@ -480,8 +480,8 @@ def test_a_failed_write_stops_with_one_line_and_resumes_bitwise(finished, tmp_pa
              zip(jax.tree.leaves(ref.params), jax.tree.leaves(start.params)))
   for a, b in zip(jax.tree.leaves(out["state"]), jax.tree.leaves(ref)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  rows = loop.read_metrics(str(tmp_path / "r" / "metrics.jsonl"))
-  assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3, 4]
+  entries = loop.read_metrics(str(tmp_path / "r" / "metrics.jsonl"))
+  assert [r["step"] for r in entries if "train/loss" in r] == [1, 2, 3, 4]
 
 
 # --------------------------------------------------------- D7: runs that cannot learn say so
@@ -494,8 +494,8 @@ def test_a_collapse_warns_at_once_whatever_the_patience(dirs, tmp_path):
   out = loop.run(trainer, str(tmp_path / "r"), progress=False)
   assert out["evals"][0]["pass@1"] > 0  # precondition: it could solve problems before
   assert any("guard_patience=50 exceeds steps=6" in n for n in notes)
-  rows = loop.read_metrics(str(tmp_path / "r" / "metrics.jsonl"))
-  alarms = [r for r in rows if "guard/metric" in r]
+  entries = loop.read_metrics(str(tmp_path / "r" / "metrics.jsonl"))
+  alarms = [r for r in entries if "guard/metric" in r]
   collapse = [r for r in alarms if r["guard/metric"] in ("accuracy", "eval/pass@1")]
   assert collapse and all("collapsed" in r["guard/message"] for r in collapse)
   assert all(r["step"] <= 6 for r in collapse)
@@ -533,8 +533,8 @@ def test_mwa_reads_the_runs_own_metrics(finished, tmp_path):
   run = copy_run(finished[0], tmp_path / "x")
   out = average_script.main(["--ckpt-dir", os.path.join(run, "checkpoints"), "--method", "mwa",
                              "--no-progress"])
-  rows = loop.read_metrics(os.path.join(run, "metrics.jsonl"))
-  loss = {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+  entries = loop.read_metrics(os.path.join(run, "metrics.jsonl"))
+  loss = {r["step"]: r["train/loss"] for r in entries if "train/loss" in r}
   plan = out["plan"]
   assert list(plan.items) == [2, 4]
   explicit = average_script.main(["--ckpt-dir", os.path.join(run, "checkpoints"), "--method",

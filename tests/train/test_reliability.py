@@ -41,10 +41,10 @@ def tiny(dirs, **kw):
   return rl.make_train(tiny_cfg(dirs, **kw), log=lambda s: None)
 
 
-def _train_rows(run_dir):
+def _train_entries(run_dir):
   """Per-step training metrics of a run, without wall-clock fields."""
-  rows = loop.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
-  return [{k: v for k, v in r.items() if "seconds" not in k} for r in rows]
+  entries = loop.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+  return [{k: v for k, v in r.items() if "seconds" not in k} for r in entries]
 
 
 # ------------------------------------------------------------------------ checkpoint integrity
@@ -124,7 +124,7 @@ def test_corrupt_latest_checkpoint_errors_then_falls_back_only_when_asked(dirs, 
   assert any("step 4" in m and "previous checkpoint" in m for m in messages)
   assert os.path.isdir(os.path.join(run_dir, "checkpoints.corrupt", "4"))  # kept for inspection
   # Rows of steps 3-4 were redone from the step-2 checkpoint, once each.
-  steps = [r["step"] for r in _train_rows(run_dir) if "train/loss" in r]
+  steps = [r["step"] for r in _train_entries(run_dir) if "train/loss" in r]
   assert steps == [1, 2, 3, 4, 5, 6]
 
 
@@ -151,7 +151,7 @@ def test_relaunch_without_a_complete_checkpoint_says_it_starts_over(dirs, tmp_pa
   only a temporary directory) is relaunched from step 0, and the log says so."""
   run_dir = tmp_path / "run"
   loop.run(tiny(dirs, steps=1, checkpoint_every=5), str(run_dir), progress=False)
-  # What such a kill leaves behind: the config, metric rows, an unfinished orbax write.
+  # What such a kill leaves behind: the config, metric entries, an unfinished orbax write.
   ckpt_dir = run_dir / "checkpoints"
   for step in os.listdir(ckpt_dir):
     os.rename(ckpt_dir / step, ckpt_dir / f"{step}.orbax-checkpoint-tmp-1")
@@ -162,7 +162,7 @@ def test_relaunch_without_a_complete_checkpoint_says_it_starts_over(dirs, tmp_pa
   out = loop.run(tr, str(run_dir), progress=False)
   assert out["resumed_from"] is None and int(out["state"].step) == 2
   assert any(f"no complete checkpoint in {ckpt_dir}; starting at step 0" in m for m in messages)
-  steps = [r["step"] for r in _train_rows(str(run_dir)) if "train/loss" in r]
+  steps = [r["step"] for r in _train_entries(str(run_dir)) if "train/loss" in r]
   assert steps == [1, 2]
 
 
@@ -248,7 +248,7 @@ def test_sigkill_at_random_points_resumes_to_the_uninterrupted_result(dirs, tmp_
   assert moved > 0  # the compared runs trained
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  assert _train_rows(crash_dir) == _train_rows(ref_dir)
+  assert _train_entries(crash_dir) == _train_entries(ref_dir)
 
 
 # ----------------------------------------------------------------------------------- guards
@@ -284,9 +284,9 @@ def test_guards_in_a_run_warn_once_or_stop_naming_metric_and_step(dirs, tmp_path
   assert any(re.fullmatch(r"WARNING: step 2: truncated = [0-9.]+ for 2 consecutive steps: .*", x)
              for x in alarms), alarms
   assert len(alarms) == len(set(alarms))  # each alarm printed once
-  rows = loop.read_metrics(str(tmp_path / "warn" / "metrics.jsonl"))
-  recorded = [r["guard/message"] for r in rows if "guard/metric" in r]
-  assert {r["guard/metric"] for r in rows if "guard/metric" in r} >= {"truncated",
+  entries = loop.read_metrics(str(tmp_path / "warn" / "metrics.jsonl"))
+  recorded = [r["guard/message"] for r in entries if "guard/metric" in r]
+  assert {r["guard/metric"] for r in entries if "guard/metric" in r} >= {"truncated",
                                                                        "zero_advantage_groups"}
   assert [f"WARNING: {m}" for m in recorded] == alarms
   with pytest.raises(guards.TrainingStalled, match=r"step 2: .*checkpoint saved at step 2"):
@@ -388,8 +388,8 @@ def test_two_processes_on_jax_distributed_match_one(dirs, tmp_path):
     assert p.wait(600) == 0, open(tmp_path / f"two{i}.log").read()[-3000:]
   log0 = open(tmp_path / "two0.log").read()
   assert "reusing cached SFT policy" in log0
-  a = [r for r in _train_rows(str(tmp_path / "one")) if "train/loss" in r]
-  b = [r for r in _train_rows(str(tmp_path / "two")) if "train/loss" in r]
+  a = [r for r in _train_entries(str(tmp_path / "one")) if "train/loss" in r]
+  b = [r for r in _train_entries(str(tmp_path / "two")) if "train/loss" in r]
   assert [r["step"] for r in b] == [1, 2, 3]
   rows = cfg["num_prompts"] * cfg["group_size"]
   for ra, rb in zip(a, b):

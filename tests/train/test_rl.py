@@ -156,9 +156,9 @@ def test_countdown_through_host_callback(dirs):
 
 def test_exact_resume_and_finished_run(dirs, tmp_path):
   straight = loop.run(tiny(dirs), str(tmp_path / "a"), progress=False)
-  rows = loop.read_metrics(str(tmp_path / "a" / "metrics.jsonl"))
-  train_rows = [r for r in rows if "train/loss" in r]
-  for r in train_rows[2:]:  # the steps replayed after the resume point moved the policy
+  entries = loop.read_metrics(str(tmp_path / "a" / "metrics.jsonl"))
+  train_entries = [r for r in entries if "train/loss" in r]
+  for r in train_entries[2:]:  # the steps replayed after the resume point moved the policy
     assert_moved({k.split("/")[1]: v for k, v in r.items() if k.startswith("train/")},
                  f"step {r['step']}")
   # Stop after 2 steps, then resume to 4 with a fresh trainer (as a new process would).
@@ -177,7 +177,7 @@ def test_exact_resume_and_finished_run(dirs, tmp_path):
   again = loop.run(tr, str(tmp_path / "b"), progress=False)
   assert again["resumed_from"] == 4
   assert any("already finished at step 4" in m for m in messages)
-  assert [r["step"] for r in train_rows] == [1, 2, 3, 4]
+  assert [r["step"] for r in train_entries] == [1, 2, 3, 4]
   assert os.path.exists(tmp_path / "a" / "learning_curve.png")
   # Averaging tools restore exactly the parameter leaves of a run's checkpoints.
   from rlpost.averaging.checkpoints import CheckpointSource
@@ -529,12 +529,12 @@ def test_sft_evaluates_averages_beside_raw_weights(dirs):
   from rlpost.tokenizer import CharTokenizer
   from rlpost.train import sft
 
-  rows = arithmetic.generate(arithmetic.ArithmeticSpec(1, 2), 64, seed=0)
+  records = arithmetic.generate(arithmetic.ArithmeticSpec(1, 2), 64, seed=0)
   tok = CharTokenizer()
   model = tfm.init_model(tfm.TransformerConfig(vocab_size=tok.vocab_size, **TINY_MODEL))
   cfg = sft.SFTConfig(steps=6, batch_size=16, averaging="lawa:k=2,every=1;ema:decay=0.5")
-  _, hist = sft.train_sft(model, rows[:48], tok, cfg, log_every=3, log=lambda s: None,
-                          eval_rows=rows[48:])
+  _, hist = sft.train_sft(model, records[:48], tok, cfg, log_every=3, log=lambda s: None,
+                          eval_records=records[48:])
   assert [h["step"] for h in hist] == [3, 6]
   avg = [k for k in hist[-1] if k.startswith("avg/")]
   assert len(avg) == 2 and all(np.isfinite(hist[-1][k]) for k in avg)

@@ -82,8 +82,8 @@ def test_math_policy_trains_scores_and_evaluates(env):
 def test_gsm8k_task_and_majority_vote(env):
   tr = make(env, task="gsm8k", task_spec=env["data"]["gsm8k"], num_test=1)
   assert list(np.asarray(tr.train_data.difficulty)) == [0, 0, 0, 0]
-  assert len(tr.rows["test"]) == 1  # num_test caps the records of a file task
-  assert tr.rows["train"][3]["answer"] == "2400"
+  assert len(tr.records["test"]) == 1  # num_test caps the records of a file task
+  assert tr.records["train"][3]["answer"] == "2400"
   assert tr.task.final_answer(r"... \boxed{5.0}") == tr.task.final_answer("#### 5")
   assert tr.task.final_answer("no digits") is None
   state, m = tr.step(tr.init_state())
@@ -98,7 +98,7 @@ def test_long_prompts_are_dropped_and_max_seq_len_checked(env):
   limit = int(np.sort(lengths)[1])
   logs = []
   tr = rl.make_train(cfg_dict(env, task_spec=same, max_prompt_tokens=limit), log=logs.append)
-  assert [r["prompt"] for r in tr.rows["train"]] == [
+  assert [r["prompt"] for r in tr.records["train"]] == [
       hpt.MATH_TRAIN[i]["problem"] for i in np.flatnonzero(lengths <= limit)]
   assert tr.train_data.prompt_tokens.shape == (2, limit)
   assert any("dropped 2 of 4 prompts longer than max_prompt_tokens" in m for m in logs)
@@ -138,7 +138,7 @@ def test_policy_configuration_errors(env, tmp_path):
   tr = make(env, task="arithmetic", task_spec={}, num_train=20, num_test=4,
             data_dir=str(env["root"] / "tfds"))
   assert not tr.jax_reward
-  rec = tr.rows["train"][0]
+  rec = tr.records["train"][0]
   ids = tr.tok.encode(rec["answer"], add_special_tokens=False) + [tr.stop_tokens[0]]
   tokens, mask = tr.tok.pad([ids, ids[:-1]], side="right")
   assert list(tr.score_host(tokens, mask, np.array([0, 0]), 0)) == [1.0, 0.0]  # unfinished: 0

@@ -55,8 +55,8 @@ def test_run_stopped_after_an_evaluation_leaves_its_learning_curve(dirs, tmp_pat
     loop.run(tr, str(tmp_path / "r"), progress=False)
   png = tmp_path / "r" / "learning_curve.png"
   assert png.exists() and png.stat().st_size > 0  # drawn at the evaluations of steps 0 and 2
-  rows = loop.read_metrics(str(tmp_path / "r" / "metrics.jsonl"))
-  assert [r["step"] for r in rows if "eval/pass@1" in r] == [0, 2]
+  entries = loop.read_metrics(str(tmp_path / "r" / "metrics.jsonl"))
+  assert [r["step"] for r in entries if "eval/pass@1" in r] == [0, 2]
 
 
 def test_unknown_tracker_is_named(tmp_path):

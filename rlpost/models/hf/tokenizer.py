@@ -97,10 +97,10 @@ class Tokenizer:
                     length=length, side=side)
 
 
-def _token_content(tok) -> str | None:
-  if isinstance(tok, dict):
-    return tok.get("content")
-  return tok
+def _token_content(token) -> str | None:
+  if isinstance(token, dict):
+    return token.get("content")
+  return token
 
 
 def _as_id_list(value) -> list[int]:
