@@ -56,13 +56,13 @@ TOY_PARAMS = 100 * 64 + 2 * TOY_LAYER + 64
 
 
 def _toy_run(monkeypatch, prompt: int, completion: int) -> dict:
-  """dars:grpo-n8 (1,024 rows, sampled 512 at a time, 4 rows per device per micro-batch) on
+  """dars:plain-n8 (1,024 rows, sampled 512 at a time, 4 rows per device per micro-batch) on
   the toy policy at these lengths."""
   from experiments import full_size
   from experiments.dars import full as dars
 
   monkeypatch.setitem(full_size.POLICIES, "Toy", TOY)
-  return dict(dars.FULL["grpo-n8"], policy="checkpoints/Toy", max_prompt_tokens=prompt,
+  return dict(dars.FULL["plain-n8"], policy="checkpoints/Toy", max_prompt_tokens=prompt,
               max_new_tokens=completion)
 
 
@@ -154,5 +154,5 @@ def test_every_full_run_gets_a_row(tmp_path):
   assert {r["run"] for r in out["rows"]} == names
   by_run = {r["run"]: r for r in out["rows"]}
   assert by_run["dars:dars-b-hw"]["rows"] == 3072 * 64
-  assert by_run["ace:dapo"]["reference_pass"] and not by_run["dars:grpo-n8"]["reference_pass"]
+  assert by_run["ace:dapo"]["reference_pass"] and not by_run["dars:plain-n8"]["reference_pass"]
   assert all(r["peak_gib"] > r["persistent_gib"] > 0 for r in out["rows"])

@@ -83,7 +83,7 @@ def test_slurm_array_from_a_template(tmp_path, capsys):
     (["nope", "--seeds", "2", "--dry-run"], "no full-size runs for 'nope'"),
     (["dars", "--seeds", "0", "--dry-run"], "--seeds must be >= 1"),
     (["dars", "--seeds", "2", "--dry-run", "run_dir=x"], "override 'run_dir=x': the launcher sets"),
-    (["dars", "--seeds", "2", "--dry-run", "lr=abc"], "arm grpo-n8: "),
+    (["dars", "--seeds", "2", "--dry-run", "lr=abc"], "arm plain-n8: "),
     (["dars", "--seeds", "2", "--dry-run", "nokey=1"], "nokey"),
     (["dars", "--seeds", "2", "--dry-run", "--prefix", "zz"], "--prefix 'zz': no arm"),
     (["dars", "--seeds", "2", "--dry-run", "--arms", "dars-et,nope"], "--arms: 'nope' is not"),

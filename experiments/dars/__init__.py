@@ -10,10 +10,10 @@ cumulative-advantage bias (a sanity check by algebra) and the all-wrong prompts 
 Command:  python scripts/reproduce.py dars [--quick] [--seeds N] [--out DIR]
 Setup (pre-declared in ``Design``; the arms and what "breadth" means here in
 ``experiments/dars/README.md``, "Setup"): the testbed ``b23-lr1e-4-kl0-p64`` of
-``experiments/calibrate.py``, every arm on the DARS objective: ``grpo-n8``, ``grpo-n16``,
-``dars-et``, ``grpo-b``, ``dars-b``. Metrics: test pass@64 and pass@1 (200 problems x 64
+``experiments/calibrate.py``, every arm on the DARS objective: ``plain-n8``, ``plain-n16``,
+``dars-et``, ``plain-b``, ``dars-b``. Metrics: test pass@64 and pass@1 (200 problems x 64
 samples), the mean of each seed's last 3 evaluations; 8 seeds per arm (power plan);
-``grpo-n8``'s pass@1 gain over the SFT start gates the claims. Full size:
+``plain-n8``'s pass@1 gain over the SFT start gates the claims. Full size:
 ``experiments/dars/full.py`` (``--full --runs DIR``, its arms in the CPU arms' places).
 Outputs in ``--out`` (default ``results/dars``): ``table.md``, ``results.json``, ``passk.png``,
 ``cumulative_advantage.png``; finished arms are cached under ``cache/``. The numbers the table
@@ -61,8 +61,8 @@ def claims(sz: Design) -> list[C.Claim]:
   """The gate (family "testbed": the base's pass@1 over the SFT start, filled in by
   ``summarize``) and the paper's claims about trained arms (family "dars"), each with the
   smallest effect of interest ``min_effect`` (pass@k units)."""
-  kmax, base = max(sz.ks(KS)), f"grpo-n{sz.n}"
-  big, pk = f"grpo-n{sz.n_max}", f"pass@{kmax}"
+  kmax, base = max(sz.ks(KS)), f"plain-n{sz.n}"
+  big, pk = f"plain-n{sz.n_max}", f"pass@{kmax}"
   # (id, text, metric, arms, direction); "no gain" is a non-superiority claim: one-sided
   # against +min_effect
   paper = [
@@ -71,10 +71,10 @@ def claims(sz: Design) -> list[C.Claim]:
       ("dars_improves_passk", f"DARS improves {pk}", pk, ("dars-et", base), "greater"),
       ("dars_beats_matched_n", f"DARS improves {pk} over the naive N of the same sampled "
        "rollouts", pk, ("dars-et", big), "greater"),
-      ("breadth_improves_pass1", "breadth improves pass@1", "pass@1", ("grpo-b", base), "greater"),
+      ("breadth_improves_pass1", "breadth improves pass@1", "pass@1", ("plain-b", base), "greater"),
       ("dars_b_improves_pass1", "DARS-B improves pass@1", "pass@1", ("dars-b", base), "greater"),
       ("dars_b_improves_passk", f"DARS-B improves {pk}", pk, ("dars-b", base), "greater"),
-      ("depth_adds_to_breadth", f"depth adds {pk} on top of breadth", pk, ("dars-b", "grpo-b"),
+      ("depth_adds_to_breadth", f"depth adds {pk} on top of breadth", pk, ("dars-b", "plain-b"),
        "greater")]
   return [C.Claim("grpo_learns", f"{base} gains pass@1 over the SFT start", "pass@1", (base,),
                   family="testbed"),
@@ -84,7 +84,7 @@ def claims(sz: Design) -> list[C.Claim]:
 def arms(sz: Design) -> dict:
   """{arm name: RLConfig overrides}."""
   p, n, b = sz.num_prompts, sz.n, sz.breadth
-  # The GRPO arms run DARS's objective with plain allocation, as the paper's baselines.
+  # The plain-* arms run DARS's objective with plain allocation, as the paper's GRPO baselines.
   common = dict(recipe="dars", allocation="plain", group_size=n, num_prompts=p,
                 num_minibatches=2)
   # budget 0: P (n_max - N) stage-2 rows, the schedule's largest demand: never truncates
@@ -92,10 +92,10 @@ def arms(sz: Design) -> dict:
   breadth = dict(num_prompts=p * b, num_minibatches=1, num_iterations=2, steps=sz.steps // b,
                  eval_every=max(1, sz.eval_every // b))
   return {
-      f"grpo-n{n}": dict(common),
-      f"grpo-n{sz.n_max}": dict(common, group_size=sz.n_max),
+      f"plain-n{n}": dict(common),
+      f"plain-n{sz.n_max}": dict(common, group_size=sz.n_max),
       "dars-et": dict(common, **depth),
-      "grpo-b": dict(common, **breadth),
+      "plain-b": dict(common, **breadth),
       "dars-b": {**common, **depth, **breadth, "allocation": "dars_b"},
   }
 
@@ -108,7 +108,7 @@ def curve_unit(sz: Design, cfgs: dict, config: dict) -> dict:
   """The cumulative |advantage| per group against its accuracy on the SFT policy, under GRPO's
   advantage (mean and std) and Dr.GRPO / DARS's (mean only)."""
   return rl_table.sft_analysis(
-      "curve", cfgs[f"grpo-n{sz.n}"], {"n": sz.n, "prompts": sz.curve_prompts},
+      "curve", cfgs[f"plain-n{sz.n}"], {"n": sz.n, "prompts": sz.curve_prompts},
       lambda trainer: rl_seeds.advantage_mass(trainer, {
           "grpo": {}, "dr_grpo": {"max_length": trainer.max_new_tokens}}, sz.curve_prompts, sz.n))
 
@@ -116,7 +116,7 @@ def curve_unit(sz: Design, cfgs: dict, config: dict) -> dict:
 def summarize(report: dict) -> dict:
   sz = Design.of(report["config"])
   results, curve = report["data"]["arms"], report["data"].get("curve")
-  ks, base = sz.ks(KS), f"grpo-n{sz.n}"
+  ks, base = sz.ks(KS), f"plain-n{sz.n}"
   first = results[base]["evals"][0]["per_seed"][0]
   # the difficulty bucket where the task has one (digit counts; MATH records have none)
   keys = [f"pass@{k}" for k in ks] + [f"pass@{k}/d{sz.hardest}" for k in ks
@@ -129,8 +129,8 @@ def summarize(report: dict) -> dict:
        "arm_seconds": {n: a["seconds"] for n, a in results.items()},
        "updates": {n: rl_table.updates(a["config"]) for n, a in results.items()},
        "start": rl_table.start_of(results[base], keys),
-       # breadth x depth: (dars-b - grpo-b) - (dars-et - base)
-       "interaction": {k: rl_table.interaction(values[k], "dars-b", "grpo-b", "dars-et", base)
+       # breadth x depth: (dars-b - plain-b) - (dars-et - base)
+       "interaction": {k: rl_table.interaction(values[k], "dars-b", "plain-b", "dars-et", base)
                        for k in ("pass@1", f"pass@{max(ks)}")}}
   s.update(rl_table.judged(claims(sz), values, s["start"]["pass@1"], "dars"))
   s["sanity"] = None
@@ -145,7 +145,7 @@ def summarize(report: dict) -> dict:
 
 def render(report: dict) -> str:
   s, curve, sz = report["summary"], report["data"].get("curve"), Design.of(report["config"])
-  ks, keys, base = s["ks"], s["keys"], f"grpo-n{sz.n}"
+  ks, keys, base = s["ks"], s["keys"], f"plain-n{sz.n}"
   setting = sz.setting or (f"{sz.steps} RL steps (breadth arms: {sz.steps // sz.breadth} steps "
                            f"of {sz.breadth}x the prompts), "
                            + rl_table.setting(sz, base_config(sz)))
@@ -158,9 +158,9 @@ def render(report: dict) -> str:
       *rl_table.arm_tables(s, keys, head, s["vs_base"], f"Minus {base}"),
       "## Breadth x depth", "",
       *rl_table.md_table(
-          ["metric", base, "+ depth (dars-et)", "+ breadth (grpo-b)", "both (dars-b)",
+          ["metric", base, "+ depth (dars-et)", "+ breadth (plain-b)", "both (dars-b)",
            "interaction (both - breadth) - (depth - base)"],
-          [[k, *(R.fmt(s["cells"][a][k]) for a in (base, "dars-et", "grpo-b", "dars-b")),
+          [[k, *(R.fmt(s["cells"][a][k]) for a in (base, "dars-et", "plain-b", "dars-b")),
             R.fmt(inter)] for k, inter in s["interaction"].items()]),
       "", "Interaction: Welch-Satterthwaite t interval over the four independent arms; 0 is what "
       "orthogonal (additive) dimensions give.", "", "## Stage 2 (mean per step)", "",
@@ -181,7 +181,7 @@ def render(report: dict) -> str:
   if curve is not None:
     lines += rl_table.advantage_mass_section(
         curve, {"dr_grpo": "mean only", "grpo": "mean and std"}, sz.n)
-  ub, ud = s["updates"].get("grpo-b"), s["updates"].get(base)
+  ub, ud = s["updates"].get("plain-b"), s["updates"].get(base)
   lines += [*rl_table.claims_section(
       s, "dars", "## Paper claims", rl_table.gate_intro(f"{base}'s pass@1 over the SFT start",
                                                         "DARS"),
@@ -211,8 +211,8 @@ def plot(report: dict, out_dir: str) -> list[str]:
 
 # The full-size arms of ``experiments/dars/full.py`` that make this table, by the CPU arm they
 # stand for (equal-treatment schedule; the hardness-weighted arms are not in the table).
-FULL_ARMS = {"grpo-n8": "grpo-n8", "grpo-n16": "grpo-n16", "dars-et": "dars-et",
-             "grpo-breadth": "grpo-b", "dars-b-et": "dars-b"}
+FULL_ARMS = {"plain-n8": "plain-n8", "plain-n16": "plain-n16", "dars-et": "dars-et",
+             "plain-breadth": "plain-b", "dars-b-et": "dars-b"}
 
 
 def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
@@ -222,16 +222,16 @@ def from_full_runs(runs_dir: str, prefix: str) -> tuple[dict, dict]:
   from experiments.dars import full
 
   rl_table.check_prefix("dars", prefix)
-  # n_max names the naive-N arm (grpo-n16); dars-et's own n_max, 32, caps one prompt's
+  # n_max names the naive-N arm (plain-n16); dars-et's own n_max, 32, caps one prompt's
   # merged group
   return rl_table.from_full(
-      "dars", runs_dir, full.FULL, FULL_ARMS, Design(), "grpo-n8", lambda c: dict(
-          num_prompts=c["grpo-n8"]["num_prompts"], n=c["grpo-n8"]["group_size"],
-          n_max=c["grpo-n16"]["group_size"],
-          breadth=max(1, c["dars-b"]["num_prompts"] // c["grpo-n8"]["num_prompts"])),
-      lambda d, c: f"{c['grpo-n8']['task']}, {c['grpo-n8']['steps']} steps of "
-      f"{c['grpo-n8']['num_prompts']} prompts, breadth arms {c['dars-b']['steps']} steps of "
-      f"{c['dars-b']['num_prompts']}; lr {c['grpo-n8']['lr']:g} / {c['dars-b']['lr']:g}")
+      "dars", runs_dir, full.FULL, FULL_ARMS, Design(), "plain-n8", lambda c: dict(
+          num_prompts=c["plain-n8"]["num_prompts"], n=c["plain-n8"]["group_size"],
+          n_max=c["plain-n16"]["group_size"],
+          breadth=max(1, c["dars-b"]["num_prompts"] // c["plain-n8"]["num_prompts"])),
+      lambda d, c: f"{c['plain-n8']['task']}, {c['plain-n8']['steps']} steps of "
+      f"{c['plain-n8']['num_prompts']} prompts, breadth arms {c['dars-b']['steps']} steps of "
+      f"{c['dars-b']['num_prompts']}; lr {c['plain-n8']['lr']:g} / {c['dars-b']['lr']:g}")
 
 
 EXPERIMENT = rl_table.experiment(

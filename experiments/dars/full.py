@@ -14,14 +14,14 @@ over the merged group without std, PPO clip 0.2 with verl's dual clip, token sum
 length, entropy bonus 0.001, no KL and no reference model), AdamW with weight decay 0.01 and a
 constant learning rate, gradient clip 1.0 (the fork's defaults).
 
-* ``grpo-n8``: the baseline, 128 prompts x 8, mini-batches of 64 prompts (2 updates per step),
+* ``plain-n8``: the baseline, 128 prompts x 8, mini-batches of 64 prompts (2 updates per step),
   1 epoch, lr 1e-6.
-* ``grpo-n16``: the naive larger N of the CPU table (N = 16, otherwise ``grpo-n8``; not an
+* ``plain-n16``: the naive larger N of the CPU table (N = 16, otherwise ``plain-n8``; not an
   official script).
 * ``dars-et`` / ``dars-hw``: DARS with the equal-treatment (n_max 32) / hardness-weighted
   (n_max 64) schedule, 128 prompts, mini-batches of 64 prompts, 1 epoch (the official DARS
   script makes 2; see Deviations), lr 1e-6.
-* ``grpo-breadth``: breadth without DARS (3,072 prompts, full-batch updates, 2 epochs, lr 5e-6,
+* ``plain-breadth``: breadth without DARS (3,072 prompts, full-batch updates, 2 epochs, lr 5e-6,
   86 steps; the DARS-B scripts without the schedule).
 * ``dars-b-et`` / ``dars-b-hw``: DARS-B, the breadth scripts: 3,072 prompts x 8 per step,
   mini-batch = full batch, 2 epochs (exactly 2 optimizer updates per step), lr 5e-6, 86 steps.
@@ -41,7 +41,7 @@ calls of ``STAGE2_CHUNK`` rows (as many as the step's demand needs, up to the sc
 largest demand P x (n_max - N), so it never truncates: ``dars_truncated_fraction`` is logged
 and is 0; the update skips the rows of calls not made), and the step's rows are split into
 the configured number of mini-batches rather than mini-batches of a fixed size; the standard
-DARS arms run 1 epoch per step like ``grpo-n8`` (the official DARS script runs 2, so its
+DARS arms run 1 epoch per step like ``plain-n8`` (the official DARS script runs 2, so its
 comparison with the baseline mixes the allocation with a second pass over the batch; the
 breadth arms all run DARS-B's 2, as the breadth scripts do); the prompt is
 Qwen2.5-Math's chain-of-thought chat prompt (the fork's own template, ``data.use_template``, is
@@ -60,7 +60,7 @@ task_spec=... mesh_fsdp=8`` (``--dry-run`` prints the commands, ``--slurm TEMPLA
 an array job; finished runs are skipped).
 
 Table: ``python scripts/reproduce.py dars --full --runs runs/dars`` judges the finished run
-directories (grpo-n8, grpo-n16, dars-et, grpo-breadth, dars-b-et) with the CPU table's code,
+directories (plain-n8, plain-n16, dars-et, plain-breadth, dars-b-et) with the CPU table's code,
 intervals and rules; it refuses runs of other weights, data or dtypes, and fewer seeds per arm
 than the power plan (``experiments/full_size.py``: 6 at the stated SD 0.01 and this table's
 smallest effect of interest, 0.02) unless ``--allow-underpowered``.
@@ -76,7 +76,7 @@ the gradient pass of a micro-batch of 4 Qwen2.5-Math-1.5B rows of 1,024 + 3,072 
 5.8 + 5.8 GiB); 25.2 GiB with the plain attention and the layers stored one by one. The whole
 step per device (``full_memory --whole-step``): 19.2-20.5 GiB. Runtime: not measured; the
 roofline (``scripts/benchmarks/roofline.py``, worst-case lengths, assumed utilisations) predicts
-39 s per step for ``grpo-n8`` and 1,361-10,890 s for the breadth arms on 8 x H100
+39 s per step for ``plain-n8`` and 1,361-10,890 s for the breadth arms on 8 x H100
 (BENCHMARKS.md, "Whole step on paper"). Status: not run at full size here (no numbers);
 ``tests/experiments/test_full_configs.py`` builds every configuration at toy size and
 trains one run of each kind for a step, and ``tests/experiments/test_dress_rehearsal.py``
@@ -108,7 +108,7 @@ def _base() -> dict:
       prompt_template=math_data.QWEN_MATH_TEMPLATE,
       max_prompt_tokens=1024, max_new_tokens=3072,
       recipe="dars", recipe_args={}, group_size=N,
-      allocation="plain",  # the GRPO arms: DARS's objective, plain allocation
+      allocation="plain",  # the plain-* arms: DARS's objective, plain allocation
       weight_decay=0.01,  # the fork's AdamW default (fsdp_workers.py)
       eval_problems=0, eval_samples=128,  # all test problems, n_val 128
   )
@@ -135,11 +135,11 @@ def _dars(schedule: str, rule: str = "dars") -> dict:
 
 
 FULL = {
-    "grpo-n8": _standard(num_iterations=1),
-    "grpo-n16": dict(_standard(num_iterations=1), group_size=2 * N),
+    "plain-n8": _standard(num_iterations=1),
+    "plain-n16": dict(_standard(num_iterations=1), group_size=2 * N),
     "dars-et": _standard(num_iterations=1, **_dars("et")),
     "dars-hw": _standard(num_iterations=1, **_dars("hw")),
-    "grpo-breadth": _breadth(),
+    "plain-breadth": _breadth(),
     "dars-b-et": _breadth(**_dars("et", "dars_b")),
     "dars-b-hw": _breadth(**_dars("hw", "dars_b")),
 }

@@ -52,7 +52,7 @@ TABLES = {
     "ace": dict(prefix="", resume=True, launches=[
         (["dapo", "ace-dapo-0.5"], ["recipe_args.overlong_buffer=4"])]),
     "dars": dict(prefix="", launches=[
-        (["grpo-n8", "grpo-n16", "grpo-breadth"], []),
+        (["plain-n8", "plain-n16", "plain-breadth"], []),
         (["dars-et", "dars-b-et"], ["allocation_args.chunk=16", "grad_accum=2"])]),
 }
 

@@ -8,9 +8,22 @@ import numpy as np
 import pytest
 
 from experiments import harness, dars, rl_table
+from experiments.dars import full as dars_full
 from rlpost.train import config as config_lib
 from rlpost.train import rl
 from scripts import reproduce
+
+
+def test_arm_names_say_their_allocation():
+  # every arm runs the DARS objective; a plain-allocation arm is named plain-*, the rest dars-*
+  # (a GRPO-recipe arm would be named grpo-*)
+  for cfgs in (dars.arms(dars.design(False)), dars.arms(dars.design(True)), dars_full.FULL):
+    for name, c in cfgs.items():
+      want = ("plain-" if c["allocation"] == "plain" else "dars-") if c["recipe"] == "dars" \
+          else c["recipe"] + "-"
+      assert name.startswith(want), name
+  assert set(dars.FULL_ARMS) <= set(dars_full.FULL)
+  assert set(dars.FULL_ARMS.values()) == set(dars.arms(dars.design(False)))
 
 
 def test_arms_sample_matched_rollouts_and_never_truncate():
@@ -22,8 +35,8 @@ def test_arms_sample_matched_rollouts_and_never_truncate():
     return c.steps * c.allocation_plan().rows
 
   # the naive N samples what DARS samples; breadth keeps each arm's total; depth doubles it
-  assert sampled("grpo-n16") == sampled("dars-et") == sampled("dars-b")
-  assert sampled("grpo-b") == sampled("grpo-n8") == sampled("dars-et") // 2
+  assert sampled("plain-n16") == sampled("dars-et") == sampled("dars-b")
+  assert sampled("plain-b") == sampled("plain-n8") == sampled("dars-et") // 2
   for name in ("dars-et", "dars-b"):
     c = config_lib.from_dict(rl.RLConfig, cfgs[name])
     # the static budget is the schedule's largest demand: every prompt at n_max
@@ -32,7 +45,7 @@ def test_arms_sample_matched_rollouts_and_never_truncate():
                                          c.num_prompts * (n_max - c.group_size))
   b = cfgs["dars-b"]
   assert b["num_minibatches"] == 1 and b["num_iterations"] == 2 and b["num_prompts"] == 256
-  assert cfgs["grpo-b"]["steps"] == sz.steps // sz.breadth
+  assert cfgs["plain-b"]["steps"] == sz.steps // sz.breadth
   base = dars.base_config(sz)
   assert base["task_spec"] == dict(min_digits=2, max_digits=3, terms=2)
   assert "recipe_args" not in base and sz.from_power() == 8 == sz.seeds
@@ -41,9 +54,9 @@ def test_arms_sample_matched_rollouts_and_never_truncate():
 def test_interaction_is_the_difference_of_differences():
   rng = np.random.default_rng(0)
   v = {a: rng.normal(m, 0.01, 8) for a, m in
-       (("dars-b", 0.5), ("grpo-b", 0.4), ("dars-et", 0.35), ("base", 0.3))}
-  got = rl_table.interaction(v, "dars-b", "grpo-b", "dars-et", "base")
-  want = (v["dars-b"].mean() - v["grpo-b"].mean()) - (v["dars-et"].mean() - v["base"].mean())
+       (("dars-b", 0.5), ("plain-b", 0.4), ("dars-et", 0.35), ("base", 0.3))}
+  got = rl_table.interaction(v, "dars-b", "plain-b", "dars-et", "base")
+  want = (v["dars-b"].mean() - v["plain-b"].mean()) - (v["dars-et"].mean() - v["base"].mean())
   assert got["mean"] == pytest.approx(want) and got["lo"] < want < got["hi"]
   # the interval width is that of four independent means (se sqrt(4 * 0.01^2 / 8) ~ 0.007)
   assert 0.01 < got["hi"] - got["lo"] < 0.05

@@ -215,9 +215,9 @@ def test_ace_full_runs_give_the_table(tmp_path, capsys):
   assert e.value.code == 2 and "logged no confidence diagnostics" in capsys.readouterr().err
 
 
-# planted (pass@1, pass@64) gains over grpo-n8 of each full-size DARS arm
-DARS_EFFECT = {"grpo-n8": (0.0, 0.0), "grpo-n16": (0.0, 0.0), "dars-et": (0.0, 0.03),
-               "grpo-breadth": (0.02, 0.0), "dars-b-et": (0.04, 0.05)}
+# planted (pass@1, pass@64) gains over plain-n8 of each full-size DARS arm
+DARS_EFFECT = {"plain-n8": (0.0, 0.0), "plain-n16": (0.0, 0.0), "dars-et": (0.0, 0.03),
+               "plain-breadth": (0.02, 0.0), "dars-b-et": (0.04, 0.05)}
 
 
 def test_dars_full_runs_give_the_table(tmp_path, capsys):
@@ -242,11 +242,11 @@ def test_dars_full_runs_give_the_table(tmp_path, capsys):
   assert s["keys"] == ["pass@1", "pass@4", "pass@16", "pass@64"]  # no digit bucket in MATH
   claims = {c["claim"]["id"]: c for c in s["claims"]}
   assert s["base_learned"] and claims["grpo_learns"]["diff"] == pytest.approx(0.05, abs=0.005)
-  assert claims["dars_beats_matched_n"]["claim"]["arms"] == ["dars-et", "grpo-n16"]
+  assert claims["dars_beats_matched_n"]["claim"]["arms"] == ["dars-et", "plain-n16"]
   assert claims["dars_beats_matched_n"]["diff"] == pytest.approx(0.03, abs=0.006)
   assert claims["depth_adds_to_breadth"]["diff"] == pytest.approx(0.05, abs=0.006)
   assert s["verdicts"]["breadth_improves_pass1"] == "reproduced"
-  assert s["updates"]["grpo-b"] == 86 * 2 and s["updates"]["grpo-n8"] == (
+  assert s["updates"]["plain-b"] == 86 * 2 and s["updates"]["plain-n8"] == (
       dars_full.STANDARD_STEPS * 2)
   assert s["stage2"]["dars-et"]["dars_budget_used"] == pytest.approx(0.9)
   assert s["sanity"] is None
@@ -259,11 +259,11 @@ def test_dars_full_runs_give_the_table(tmp_path, capsys):
     reproduce.main(["dars", "--full", "--runs", str(runs), "--prefix", "x-",
                     "--out", str(tmp_path / "o")])
   assert e.value.code == 2 and "no --prefix" in capsys.readouterr().err
-  for d in (runs / "grpo-breadth-s0", runs / "grpo-breadth-s1", runs / "grpo-breadth-s2"):
+  for d in (runs / "plain-breadth-s0", runs / "plain-breadth-s1", runs / "plain-breadth-s2"):
     (d / "config.json").unlink()
   with pytest.raises(SystemExit) as e:
     reproduce.main(["dars", "--full", "--runs", str(runs), "--out", str(tmp_path / "o")])
-  assert e.value.code == 2 and "for arm(s) grpo-breadth" in capsys.readouterr().err
+  assert e.value.code == 2 and "for arm(s) plain-breadth" in capsys.readouterr().err
   assert not (tmp_path / "o").exists()
 
 
