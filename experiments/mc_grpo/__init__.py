@@ -141,7 +141,8 @@ def subtables(sz: Design) -> list[rl_table.Subtable]:
           "Holm family).", rl_table.sub_outcome("every base learns at G=2", "for a base"))]
 
 
-# Each baseline's recipe, its arguments and how many rollouts beyond G a group has (its arm's).
+# Each baseline's recipe and rollouts beyond G, as its arm has them, at the recipe's default
+# arguments (the arms' rescale of non-zero advantages cannot change a sign).
 FLIP_RECIPES = {bl: (o["recipe"], o["recipe_args"], o["group_size"] - 1)
                 for bl in BASELINES for o in [overrides(1, bl)]}
 

@@ -9,8 +9,8 @@ step (keys and values in the cache's layout) share.
 
 Shapes (the legend of ``rlpost.models.transformer``):
   q [B, T, H, D]; k, v [B, S, K, D] with H % K == 0 (query head h reads key/value head
-  h // (H / K)); q_pos, q_valid, q_seg [B, T]; k_pos, k_valid, k_seg [B, S]; out [B, T, H, D]
-  in q's dtype.
+  h // (H / K)); the queries' Tokens q_pos, q_valid, q_seg [B, T] and the keys' k_pos, k_valid,
+  k_seg [B, S] (``q_tok.pos`` ...); out [B, T, H, D] in q's dtype.
 
 Visibility: key s is visible to query t iff
   k_valid[b, s] and q_valid[b, t]
@@ -104,8 +104,10 @@ def packed(positions: jax.Array, segments: jax.Array) -> Tokens:
 def visible(q: Tokens, k: Tokens, window=None) -> jax.Array:
   """The visibility mask [B, Tq, Sk] bool of the module docstring, for one tile or all of it.
 
-  Segments both or neither; ``window`` None, an int or an int32 scalar (traced, per layer).
+  Segments both or neither (a valid of None: every token valid); ``window`` None, an int or an
+  int32 scalar (traced, per layer).
   """
+  q, k = (x._replace(valid=jnp.ones(x.pos.shape, bool)) if x.valid is None else x for x in (q, k))
   mask = (k.pos[:, None, :] <= q.pos[:, :, None]) & q.valid[:, :, None] & k.valid[:, None, :]
   if window is not None:
     mask &= q.pos[:, :, None] - k.pos[:, None, :] < window

@@ -134,6 +134,16 @@ def _builder_class(task: type[SyntheticTask]) -> type[_SyntheticBuilder]:
                          {"skip_registration": True}, body)
 
 
+_MOVED = {"build": "rlpost.tasks.catalog.build (by name) or builders.build_task (a class)",
+          "synthetic_tasks": "rlpost.tasks.catalog.synthetic_tasks"}
+
+
+def __getattr__(name: str):
+  if name in _MOVED:
+    raise AttributeError(f"rlpost.tasks.builders.{name} moved to {_MOVED[name]}")
+  raise AttributeError(f"module 'rlpost.tasks.builders' has no attribute {name!r}")
+
+
 def config_name(spec: dict, num_train: int, num_test: int, seed: int) -> str:
   parts = [f"{k}{int(v) if isinstance(v, bool) else v}" for k, v in sorted(spec.items())]
   return "_".join(parts + [f"n{num_train}-{num_test}", f"s{seed}"]).replace(".", "p")

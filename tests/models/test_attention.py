@@ -358,3 +358,12 @@ def test_policy_runs_choose_the_attention_in_model(tmp_path):
   assert ok.model["attention"] == "blockwise"
   with pytest.raises(ValueError, match=r"config key 'model': attention must be one of"):
     config_lib.from_dict(RLConfig, dict(base, model={"attention": "flash"}))
+
+
+def test_visible_takes_tokens_without_validity():
+  pos = jnp.asarray([[0, 1, 2]], jnp.int32)
+  valid = jnp.asarray([[True, True, False]])
+  causal = np.tril(np.ones((3, 3), bool))[None]
+  np.testing.assert_array_equal(np.asarray(attention.visible(Tokens(pos), Tokens(pos))), causal)
+  np.testing.assert_array_equal(np.asarray(attention.visible(Tokens(pos), Tokens(pos, valid))),
+                                causal & np.asarray(valid)[:, None, :])

@@ -114,3 +114,14 @@ def test_host_reward_on_a_mesh_iterates_host_arrays(with_devices):
   """)
   s, c, seen = out.strip().split(" ", 2)
   assert float(s) == sum(range(64)) and int(c) == 16 and "numpy" in seen
+
+
+def test_moved_lookups_name_their_new_place():
+  from rlpost.tasks import builders
+
+  with pytest.raises(AttributeError, match="moved to rlpost.tasks.catalog.get_task"):
+    base.get_task("arithmetic")
+  with pytest.raises(AttributeError, match="moved to rlpost.tasks.catalog.build"):
+    builders.build("arithmetic")
+  with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+    base.nope  # noqa: B018
