@@ -38,3 +38,14 @@ def facts_for(fn, facts: dict) -> dict:
   params = inspect.signature(fn).parameters
   named = dict(facts, **{old: facts[new] for old, new in RENAMED_FACTS.items() if new in facts})
   return {k: v for k, v in named.items() if k in params}
+
+
+def moved(module: str, names: dict):
+  """A module ``__getattr__`` for names that moved: each of ``names`` raises AttributeError
+  saying where it went ({name: new place}); any other name the usual AttributeError."""
+  def __getattr__(name: str):
+    if name in names:
+      raise AttributeError(f"{module}.{name} moved to {names[name]}")
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+  return __getattr__

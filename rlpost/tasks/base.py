@@ -148,14 +148,8 @@ def registered() -> dict[str, type[Task]]:
   return dict(_REGISTRY)
 
 
-_MOVED = {"get_task": "rlpost.tasks.catalog.get_task",
-          "list_tasks": "rlpost.tasks.catalog.list_tasks"}
-
-
-def __getattr__(name: str):
-  if name in _MOVED:
-    raise AttributeError(f"rlpost.tasks.base.{name} moved to {_MOVED[name]}")
-  raise AttributeError(f"module 'rlpost.tasks.base' has no attribute {name!r}")
+__getattr__ = registry.moved(__name__, {"get_task": "rlpost.tasks.catalog.get_task",
+                                         "list_tasks": "rlpost.tasks.catalog.list_tasks"})
 
 
 def format_prompt(template: str, question: str) -> str:

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
-from rlpost import local_data
+from rlpost import local_data, registry
 from rlpost.tasks import base
 
 DEFAULT_DATA_DIR = os.path.join(os.path.expanduser("~"), ".cache", "rlpost", "tfds")
@@ -134,14 +134,9 @@ def _builder_class(task: type[SyntheticTask]) -> type[_SyntheticBuilder]:
                          {"skip_registration": True}, body)
 
 
-_MOVED = {"build": "rlpost.tasks.catalog.build (by name) or builders.build_task (a class)",
-          "synthetic_tasks": "rlpost.tasks.catalog.synthetic_tasks"}
-
-
-def __getattr__(name: str):
-  if name in _MOVED:
-    raise AttributeError(f"rlpost.tasks.builders.{name} moved to {_MOVED[name]}")
-  raise AttributeError(f"module 'rlpost.tasks.builders' has no attribute {name!r}")
+__getattr__ = registry.moved(__name__, {
+    "build": "rlpost.tasks.catalog.build (by name) or builders.build_task (a class)",
+    "synthetic_tasks": "rlpost.tasks.catalog.synthetic_tasks"})
 
 
 def config_name(spec: dict, num_train: int, num_test: int, seed: int) -> str:
