@@ -31,8 +31,8 @@ get zero.
 Implementations (``impl``):
   "xla"        ``grouped``: materialises the [B, H, T, S] float32 scores. Scores einsum
                accumulated in float32, masked with a large finite negative value, float32
-               softmax, probabilities cast to the input dtype (and zeroed where masked) before
-               the p.v einsum. Memory O(B H T S).
+               softmax, probabilities cast to the input dtype before the p.v einsum; rows
+               without a visible key zeroed at the [B, T, H, D] output. Memory O(B H T S).
   "blockwise"  online-softmax (flash-attention) forward over [block_q, block_k] tiles with
                ``jax.lax`` loops, and a ``jax.custom_vjp`` backward (FlashAttention-2, Dao 2023,
                arXiv:2307.08691, Alg. 2) that recomputes each tile's scores from q, k, v and the
@@ -182,14 +182,14 @@ def grouped(q: jax.Array, kt: jax.Array, vt: jax.Array, mask: jax.Array,
   scores = jnp.einsum("bkqd,bkds->bkqs", qg, kt.astype(q.dtype),
                       preferred_element_type=jnp.float32) * scale
   scores = scores.reshape(b, kh, g, t, -1)
-  mask = mask[:, None, None, :, :]
-  scores = jnp.where(mask, scores, MASK_VALUE)
-  # Masked probabilities are exactly 0 already unless the whole row is masked: then the
-  # softmax is uniform, and the select makes the row's output 0.
-  probs = jnp.where(mask, jax.nn.softmax(scores, axis=-1).astype(q.dtype), 0)
-  probs = probs.reshape(b, kh, g * t, -1)
+  scores = jnp.where(mask[:, None, None, :, :], scores, MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype).reshape(b, kh, g * t, -1)
   out = jnp.einsum("bkqs,bksd->bkqd", probs, vt.astype(q.dtype))  # [B, K, G*T, D]
-  return out.reshape(b, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+  out = out.reshape(b, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+  # Masked probabilities are exactly 0 (exp of MASK_VALUE below the row's max) unless the
+  # whole row is masked: then the softmax is uniform, and this select, on the [B, T, H, D]
+  # output rather than the [B, H, T, S] probabilities, makes the row's output and gradients 0.
+  return jnp.where(mask.any(-1)[:, :, None, None], out, 0)
 
 
 def _cudnn(q, k, v, mask, scale):
