@@ -72,7 +72,8 @@ from scripts.benchmarks import layers as bench_layers  # noqa: E402
 from scripts.benchmarks import lora as bench_lora  # noqa: E402
 from scripts.benchmarks import packing as bench_packing  # noqa: E402
 from scripts.benchmarks.common import (  # noqa: E402
-    MODELS, generation_flops, layer_matmul_params, measure_matmul_peak)
+    MODELS, generation_flops, host_record, layer_matmul_params, load_average,
+    measure_matmul_peak)
 from scripts.benchmarks import roundtrip as bench_roundtrip  # noqa: E402
 from scripts.benchmarks import scaling as bench_scaling  # noqa: E402
 from scripts.benchmarks import seeds as bench_seeds  # noqa: E402
@@ -87,21 +88,9 @@ FLOP_FORMULA = ("FLOPs per row = 2*P_layers*(Tp+N-1) + 2*E*V*N + 4*L*H*D*(sum_{t
 # ------------------------------------------------------------------------------------------
 
 
-def _cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
-
-
 def machine_info() -> dict:
   info = {
-      "cpu_model": _cpu_model(),
-      "cpu_cores": os.cpu_count(),
+      **host_record(),
       "platform": platform.platform(),
       "python": platform.python_version(),
       "jax": jax.__version__,
@@ -109,10 +98,6 @@ def machine_info() -> dict:
       "jax_devices": [str(d) for d in jax.devices()],
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
   }
-  try:
-    info["loadavg_start"] = list(os.getloadavg())
-  except OSError:
-    pass
   for mod in ("flax", "torch", "transformers"):
     try:
       info[mod] = __import__(mod).__version__
@@ -564,13 +549,10 @@ def main(argv=None) -> dict:
   machine = machine_info()
   print(f"machine: {machine['cpu_model']}, {machine['cpu_cores']} cores; jax {machine['jax']} "
         f"({machine['jax_backend']}), torch {machine['torch']}, "
-        f"transformers {machine['transformers']}", flush=True)
+        f"transformers {machine['transformers']}; started {machine['date']}", flush=True)
   t0 = time.perf_counter()
   result = COMMANDS[args.command][1](args)
-  try:
-    machine["loadavg_end"] = list(os.getloadavg())
-  except OSError:
-    pass
+  machine["loadavg_end"] = load_average()
   result = {"command": " ".join(["python", "scripts/bench.py", *(argv or sys.argv[1:])]),
             "machine": machine, "wall_seconds": time.perf_counter() - t0, **result}
   if args.out:

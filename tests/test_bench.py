@@ -2,6 +2,7 @@
 
 No timing assertions: the numbers depend on the machine and its load."""
 
+import datetime
 import importlib.util
 import json
 import os
@@ -37,7 +38,8 @@ def test_sampler_quick_json(quick_result):
   data, stdout = quick_result
   assert data["benchmark"] == "sampler"
   assert "bench.py sampler --quick" in data["command"]
-  for key in ("cpu_model", "cpu_cores", "jax", "jax_backend", "torch", "transformers"):
+  for key in ("date", "cpu_model", "cpu_cores", "loadavg_start", "loadavg_end", "jax",
+              "jax_backend", "torch", "transformers"):
     assert key in data["machine"]
   settings = data["settings"]
   assert settings["quick"] and settings["decoding"] == "greedy"
@@ -62,6 +64,19 @@ def test_sampler_quick_json(quick_result):
       assert r["transformers"] is None and r["ratio"] is None
   # The human-readable table is printed too.
   assert "| model | params | batch |" in stdout
+
+
+def test_host_record_dates_the_run_and_names_the_cpu():
+  from scripts.benchmarks.common import host_record
+  before = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+  record = host_record()
+  when = datetime.datetime.fromisoformat(record["date"])
+  assert when.utcoffset() == datetime.timedelta(0)
+  assert before <= when <= datetime.datetime.now(datetime.timezone.utc)
+  assert record["cpu_model"] and record["cpu_cores"] >= 1
+  load = record["loadavg_start"]
+  assert load is None or (len(load) == 3 and min(load) >= 0)
+  json.dumps(record)  # goes into the --out JSON as it is
 
 
 def test_flop_formula_by_hand():

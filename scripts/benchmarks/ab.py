@@ -10,7 +10,8 @@ as nearly as a shared machine allows. From each run's JSON it reads rlpost's own
 setting (``tokens_per_s`` of ``sampler`` rows, ``median_s`` of the rows of the other
 benchmarks), and prints per setting the median over rounds of each side and their ratio
 (after / base, and which way is better). ``--out`` writes every run's numbers and the
-summary; it never overwrites an existing file.
+summary, with the date, CPU model and load averages of the A/B (``machine``); it never
+overwrites an existing file.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from scripts.benchmarks.common import host_record, load_average
 
 ROOT = Path(__file__).resolve().parents[2]
 # Fields that name a setting in a benchmark's "results" rows.
@@ -72,6 +75,7 @@ def main(argv=None) -> dict:
     print(f"ab: --base {args.base!r} is not a commit of {ROOT}", file=sys.stderr)
     sys.exit(2)
   base_sha = rev.stdout.strip()
+  machine = host_record()
   runs = {"base": [], "this": []}
   with tempfile.TemporaryDirectory(prefix="rlpost-ab-") as tmp:
     base_tree = Path(tmp) / "base"
@@ -87,6 +91,7 @@ def main(argv=None) -> dict:
     finally:
       subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_tree)],
                      check=False)
+  machine["loadavg_end"] = load_average()
   summary = {}
   for key in runs["base"][0]:
     base = statistics.median(r[key] for r in runs["base"])
@@ -99,8 +104,8 @@ def main(argv=None) -> dict:
   for key, s in summary.items():
     print(f"{key:<44} {s['base']:>10.4g} {s['this']:>10.4g} {s['ratio']:>10.3f} "
           f"({s['better']} is better)")
-  report = {"base": base_sha, "bench": bench, "rounds": args.rounds, "runs": runs,
-            "summary": summary}
+  report = {"base": base_sha, "bench": bench, "rounds": args.rounds, "machine": machine,
+            "runs": runs, "summary": summary}
   if args.out:
     with open(args.out, "x") as f:
       json.dump(report, f, indent=1)

@@ -1,7 +1,11 @@
-"""The benchmark models, FLOP counts and the matmul peak shared by the benchmarks."""
+"""The benchmark models, FLOP counts, the matmul peak and the host record shared by the
+benchmarks."""
 
 from __future__ import annotations
 
+import datetime
+import os
+import platform
 import statistics
 import time
 
@@ -88,3 +92,32 @@ def measure_matmul_peak(n: int = 2048, repeats: int = 8) -> dict:
   flops = 2.0 * n ** 3
   return {"n": n, "gflops_best": flops / min(times) / 1e9,
           "gflops_median": flops / statistics.median(times) / 1e9, "repeats": repeats}
+
+
+def cpu_model() -> str:
+  """The CPU's model name from /proc/cpuinfo, else what ``platform`` reports."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def load_average() -> list[float] | None:
+  """The 1-, 5- and 15-minute load averages, or None where the system keeps none."""
+  try:
+    return list(os.getloadavg())
+  except OSError:
+    return None
+
+
+def host_record() -> dict:
+  """When and where a benchmark starts, for the JSON it writes: ``date`` (UTC, ISO 8601), the CPU
+  model and core count, and ``loadavg_start``; the writer adds ``loadavg_end`` (``load_average()``)
+  once the benchmark is done."""
+  return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+          "cpu_model": cpu_model(), "cpu_cores": os.cpu_count(),
+          "loadavg_start": load_average()}
