@@ -201,3 +201,35 @@ def test_layers_quick(tmp_path):
     assert r["stacked_over_stored"] == pytest.approx(r["stacked_s"] / r["stored_s"])
   assert "| what | stored ms | stacked ms | stacked / stored | per round" in stdout
   assert all(len(r["paired_ratios"]) == data["settings"]["repeats"] for r in rows)
+
+
+def test_dot_in_step_finds_the_dots_and_their_overlap():
+  """scripts/benchmarks/dot_in_step.py's pieces on a toy program: the two [R, F] dots are found
+  in the compiled HLO and in the trace, the stand-alone programs all run, and the MLP with the
+  gate and up weights concatenated has the two-dot MLP's gradients."""
+  import jax
+  import jax.numpy as jnp
+  from scripts.benchmarks import dot_in_step
+
+  ks = jax.random.split(jax.random.key(0), 3)
+  x, a, b = (jax.random.normal(k, s) for k, s in zip(ks, ((256, 16), (16, 64), (16, 64))))
+  fn = jax.jit(lambda x, a, b: (jnp.tanh(x @ a), x @ b))
+  assert len(dot_in_step._dots(fn.lower(x, a, b).compile().as_text(), 256, 64)) >= 2
+  r = dot_in_step._in_step(fn, (x, a, b), 256, 64, calls=1)
+  assert r["dots"] == 2 and r["median_ms"] > 0 and 0.0 <= r["overlap"] <= 1.0
+  alone = dot_in_step._alone(64, 16, 32)
+  assert len(alone) == 5 and all(v > 0 for v in alone.values())
+  wd = jax.random.normal(ks[0], (64, 16))
+  grads = [jax.grad(lambda *p: jnp.sum(mlp(*p) ** 2), argnums=(0, 1, 2, 3))(x, a, b, wd)
+           for mlp in (dot_in_step.mlp, dot_in_step.mlp_concat)]
+  assert float(jnp.abs(grads[0][1]).max()) > 0
+  for g0, g1 in zip(*grads):  # one program against another: equal to float32 rounding
+    scale = float(jnp.abs(g0).max())
+    assert float(jnp.abs(g1 - g0).max()) <= 1e-5 * scale, (float(jnp.abs(g1 - g0).max()), scale)
+
+
+def test_dot_in_step_refuses_unknown_variants(capsys):
+  from scripts.benchmarks import dot_in_step
+  with pytest.raises(SystemExit) as e:
+    dot_in_step.main(["--variants", "fast"])
+  assert e.value.code == 2 and "unknown ['fast']" in capsys.readouterr().err
