@@ -14,12 +14,15 @@ fresh process each (the flags are read when the backend starts), this measures:
   (``overlap``: 1.0 means another op always runs beside them);
 - ``alone``: median ms of jitted programs at the same shape: one dot; the two independent
   dots in one program (what the update holds); the two as one dot on the concatenated weights
-  ``x @ [w_gate | w_up]``; and the MLP block forward and backward, both ways.
+  ``x @ [w_gate | w_up]``; and the MLP block forward and backward, both ways;
+- ``per_update``: minor page faults, system and user CPU seconds and wall seconds per update
+  (``getrusage`` over 5 calls), and the update's temporary bytes (XLA's memory analysis).
 
-Variants (``VARIANTS``): the default; intra-op threads forced to 1 (``taskset`` one core and
-Eigen single-threaded); the thunk runtime's memory- and concurrency-optimized schedulers; the
-dot back ends: XNNPACK instead of YNNPACK, and neither (Eigen). A variant whose flags this
-jaxlib rejects is recorded with its error.
+Variants (``VARIANTS``), all without glibc's ``glibc.malloc.hugetlb`` tunable unless named: the
+default; ``huge pages`` (with it, as ``rlpost.hostenv`` starts every command); intra-op threads
+forced to 1 (``taskset`` one core and Eigen single-threaded); the thunk runtime's memory- and
+concurrency-optimized schedulers; the dot back ends: XNNPACK instead of YNNPACK, and neither
+(Eigen). A variant whose flags this jaxlib rejects is recorded with its error.
 """
 
 from __future__ import annotations
@@ -31,16 +34,19 @@ import gzip
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from rlpost import hostenv
 from scripts.benchmarks.common import host_record, load_average
 
 VARIANTS = {
     "default": ("", False),
+    "huge pages": ("", False),
     "one thread": ("--xla_cpu_multi_thread_eigen=false", True),
     "memory-optimized scheduler":
         ("--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED", False),
@@ -177,13 +183,28 @@ def measure() -> dict:
   cfg = trainer.model_cfg
   slots = int(trainer.train_data.prompt_tokens.shape[1]) + trainer.max_new_tokens
   rows, e, f = p * g * slots, cfg.hidden_size, cfg.intermediate_size
-  return {"shape": [rows, e, f], "update_ms": _median_ms(update, state, alloc, repeats=5),
+  update_ms = _median_ms(update, state, alloc, repeats=5)
+  before, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+  for _ in range(5):
+    jax.block_until_ready(update(state, alloc))
+  after, wall = resource.getrusage(resource.RUSAGE_SELF), (time.perf_counter() - t0) / 5
+  faults = {"minor_faults": (after.ru_minflt - before.ru_minflt) / 5,
+            "system_s": (after.ru_stime - before.ru_stime) / 5,
+            "user_s": (after.ru_utime - before.ru_utime) / 5, "wall_s": wall,
+            "temp_bytes": update.lower(state, alloc).compile().memory_analysis().temp_size_in_bytes}
+  return {"shape": [rows, e, f], "update_ms": update_ms, "per_update": faults,
           "in_step": _in_step(update, (state, alloc), rows, f), "alone": _alone(rows, e, f)}
 
 
 def _run_variant(name: str) -> dict:
   flags, one_core = VARIANTS[name]
   env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
+  # Every variant but "huge pages" runs without glibc.malloc.hugetlb (rlpost.hostenv).
+  tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":")
+              if t and not t.startswith("glibc.malloc.hugetlb")]
+  env["GLIBC_TUNABLES"] = ":".join(tunables)
+  if name == "huge pages":
+    env = hostenv.environment(env)
   cmd = [sys.executable, "-m", "scripts.benchmarks.dot_in_step", "--_measure"]
   if one_core:
     cmd = ["taskset", "-c", "0", *cmd]
@@ -220,7 +241,10 @@ def main(argv=None) -> dict:
       print(f"{name}: failed: {r['error']}", flush=True)
       continue
     a, s = r["alone"], r["in_step"]
-    print(f"{name}: update {r['update_ms']:.0f} ms; {s['dots']} gate/up dots in the step, "
+    u = r["per_update"]
+    print(f"{name}: update {r['update_ms']:.0f} ms ({u['minor_faults']:.0f} page faults, "
+          f"{u['system_s']:.3f} s system, {u['user_s']:.3f} s user time per update, "
+          f"{u['temp_bytes'] / 2**20:.0f} MiB of temporaries); {s['dots']} [R*T, F] dots, "
           f"median {_fmt(s['median_ms'])} ms, overlapped {_fmt(s['overlap'])}; alone: "
           + ", ".join(f"{k} {v:.2f} ms" for k, v in a.items()), flush=True)
   machine["loadavg_end"] = load_average()
