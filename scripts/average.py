@@ -39,7 +39,6 @@ import numpy as np  # noqa: E402
 
 from rlpost import averaging as A  # noqa: E402
 from rlpost import paths  # noqa: E402
-from rlpost import hostenv  # noqa: E402
 from rlpost.cli import run_main  # noqa: E402
 
 METHODS = ("lawa", "swa", "ema", "mwa", "uniform", "posthoc_ema")
@@ -225,5 +224,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-  hostenv.reexec()
   run_main(main)

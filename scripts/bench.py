@@ -65,7 +65,6 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from rlpost import sampling  # noqa: E402
-from rlpost import hostenv  # noqa: E402
 from rlpost.cli import run_main  # noqa: E402
 from rlpost.models import transformer as tfm  # noqa: E402
 from scripts.benchmarks import averaging as bench_averaging  # noqa: E402
@@ -563,5 +562,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-  hostenv.reexec()
   run_main(main)

@@ -42,7 +42,6 @@ from typing import Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rlpost import hostenv  # noqa: E402
 from rlpost.cli import run_main  # noqa: E402
 
 PLACEHOLDERS = ("{job_name}", "{array}", "{count}", "{commands}", "{cwd}", "{root}")
@@ -205,5 +204,4 @@ def main(argv=None) -> list[dict]:
 
 
 if __name__ == "__main__":
-  hostenv.reexec()
   run_main(main)

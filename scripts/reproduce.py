@@ -36,7 +36,6 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rlpost import hostenv  # noqa: E402
 from rlpost.cli import run_main  # noqa: E402
 
 EXPERIMENTS = {
@@ -167,5 +166,4 @@ def _main(ap, args):
 
 
 if __name__ == "__main__":
-  hostenv.reexec()
   run_main(main)

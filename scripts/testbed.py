@@ -25,7 +25,6 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rlpost import hostenv  # noqa: E402
 from rlpost.cli import run_main  # noqa: E402
 
 
@@ -93,5 +92,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  hostenv.reexec()
   run_main(main)

@@ -33,7 +33,6 @@ sys.path.insert(0, ROOT)
 import jax  # noqa: E402
 
 from rlpost import paths, sharding  # noqa: E402
-from rlpost import hostenv  # noqa: E402
 from rlpost.cli import run_main  # noqa: E402
 from rlpost.train import config as config_lib  # noqa: E402
 from rlpost.train import loop, rl, rl_config  # noqa: E402
@@ -157,5 +156,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-  hostenv.reexec()
   run_main(main)

@@ -23,9 +23,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # directory is fresh for every session (the controller creates it before the workers start)
 # and removed at its end; benchmark subprocesses run without it (they measure compilation).
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
-# The commands tests start in subprocesses run without rlpost.hostenv's re-execution (it would
-# import JAX twice per command and changes no number); tests/test_hostenv.py checks it.
-os.environ.setdefault("RLPOST_HOST_TUNABLES", "0")
 if "RLPOST_TEST_SESSION_CACHE" not in os.environ:
   os.environ["RLPOST_TEST_SESSION_CACHE"] = tempfile.mkdtemp(prefix="rlpost-xla-cache-")
   os.environ[CACHE_ENV] = os.environ["RLPOST_TEST_SESSION_CACHE"]

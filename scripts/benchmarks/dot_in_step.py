@@ -19,7 +19,7 @@ fresh process each (the flags are read when the backend starts), this measures:
   (``getrusage`` over 5 calls), and the update's temporary bytes (XLA's memory analysis).
 
 Variants (``VARIANTS``), all without glibc's ``glibc.malloc.hugetlb`` tunable unless named: the
-default; ``huge pages`` (with it, as ``rlpost.hostenv`` starts every command); intra-op threads
+default; ``huge pages`` (with it, ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``); intra-op threads
 forced to 1 (``taskset`` one core and Eigen single-threaded); the thunk runtime's memory- and
 concurrency-optimized schedulers; the dot back ends: XNNPACK instead of YNNPACK, and neither
 (Eigen). A variant whose flags this jaxlib rejects is recorded with its error.
@@ -41,9 +41,10 @@ import sys
 import tempfile
 import time
 
-from rlpost import hostenv
 from scripts.benchmarks.common import host_record, load_average
 
+# glibc >= 2.35: malloc madvises transparent huge pages on what it maps.
+HUGE_PAGES = "glibc.malloc.hugetlb=1"
 VARIANTS = {
     "default": ("", False),
     "huge pages": ("", False),
@@ -199,12 +200,10 @@ def measure() -> dict:
 def _run_variant(name: str) -> dict:
   flags, one_core = VARIANTS[name]
   env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
-  # Every variant but "huge pages" runs without glibc.malloc.hugetlb (rlpost.hostenv).
+  # Every variant but "huge pages" runs without glibc's hugetlb tunable.
   tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":")
               if t and not t.startswith("glibc.malloc.hugetlb")]
-  env["GLIBC_TUNABLES"] = ":".join(tunables)
-  if name == "huge pages":
-    env = hostenv.environment(env)
+  env["GLIBC_TUNABLES"] = ":".join(tunables + [HUGE_PAGES] * (name == "huge pages"))
   cmd = [sys.executable, "-m", "scripts.benchmarks.dot_in_step", "--_measure"]
   if one_core:
     cmd = ["taskset", "-c", "0", *cmd]

@@ -25,7 +25,6 @@ import time
 import jax
 import jax.numpy as jnp
 
-from rlpost import hostenv
 from rlpost.rollouts import allocate
 from rlpost.train import rl
 from scripts.benchmarks import train as bench_train
@@ -135,5 +134,4 @@ def main(argv=None) -> str:
 
 
 if __name__ == "__main__":
-  hostenv.reexec()
   main()
