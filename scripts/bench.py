@@ -48,6 +48,7 @@ import dataclasses
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import tempfile
@@ -269,12 +270,15 @@ def run_sampler(args) -> dict:
       if int(np.asarray(out.lengths).min()) != new_tokens:
         raise RuntimeError("rlpost sampler stopped early")
       theirs = other.generate(tokens, new_tokens) if other else None  # warm-up
-      t_ours, t_theirs = [], []
+      t_ours, t_theirs, faults, system_s = [], [], 0, 0.0
       start = time.perf_counter()
       for r in range(repeats):
-        t0 = time.perf_counter()
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         jax.block_until_ready(sampler(params, tokens, mask, key, validate=False))
         t_ours.append(time.perf_counter() - t0)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        faults += r1.ru_minflt - r0.ru_minflt
+        system_s += r1.ru_stime - r0.ru_stime
         if other:
           t0 = time.perf_counter()
           other.generate(tokens, new_tokens)
@@ -290,6 +294,9 @@ def run_sampler(args) -> dict:
       flops = generation_flops(cfg, batch, prompt_len, new_tokens)
       row["gflop"] = flops / 1e9
       row["rlpost"]["gflops"] = flops / statistics.median(t_ours) / 1e9
+      # Kernel work per call (the process's, all threads): minor page faults and system seconds.
+      row["rlpost"]["minor_faults_per_call"] = faults / len(t_ours)
+      row["rlpost"]["system_s_per_call"] = system_s / len(t_ours)
       if other:
         row[peer] = _summary(t_theirs, n_tok)
         if hf_model:

@@ -54,6 +54,7 @@ def test_sampler_quick_json(quick_result):
     assert len(ours["seconds"]) == r["repeats"] >= 2
     assert ours["tokens_per_s_min"] <= ours["tokens_per_s"] <= ours["tokens_per_s_max"]
     assert ours["gflops"] > 0 and r["roofline_fraction"] > 0
+    assert ours["minor_faults_per_call"] >= 0 and ours["system_s_per_call"] >= 0
     if HAVE_BASELINE:
       theirs = r["transformers"]
       assert theirs["tokens_per_s"] > 0 and len(theirs["seconds"]) == r["repeats"]
