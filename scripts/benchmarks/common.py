@@ -98,12 +98,10 @@ def cpu_model() -> str:
   """The CPU's model name from /proc/cpuinfo, else what ``platform`` reports."""
   try:
     with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
+      model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
   except OSError:
-    pass
-  return platform.processor() or platform.machine()
+    model = ""
+  return model or platform.processor() or platform.machine()
 
 
 def load_average() -> list[float] | None:

@@ -42,6 +42,7 @@ import tempfile
 import time
 
 from scripts.benchmarks.common import host_record, load_average
+from scripts.benchmarks.profile_update import _Args, _median_ms
 
 # glibc >= 2.35: malloc madvises transparent huge pages on what it maps.
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
@@ -58,18 +59,6 @@ VARIANTS = {
     "Eigen dots": ("--xla_cpu_experimental_ynn_fusion_type= "
                    "--xla_cpu_experimental_xnn_fusion_type=", False),
 }
-
-
-def _median_ms(fn, *args, repeats=20):
-  import jax
-  for _ in range(3):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times) * 1e3
 
 
 def mlp(x, wg, wu, wd):
@@ -171,7 +160,6 @@ def measure() -> dict:
   from rlpost.rollouts import allocate
   from rlpost.train import rl
   from scripts.benchmarks import train as bench_train
-  from scripts.benchmarks.profile_update import _Args
 
   trainer = rl.make_train(bench_train._config(_Args, 0.0), log=lambda s: None)
   state = trainer.init_state()
