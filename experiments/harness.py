@@ -420,8 +420,10 @@ def jsonable(x):
 
 
 def command(name: str, args) -> str:
+  jobs = int(getattr(args, "jobs", None) or 1)
   return (f"python scripts/reproduce.py {name}" + (" --quick" if args.quick else "")
-          + (f" --seeds {args.seeds}" if args.seeds else ""))
+          + (f" --seeds {args.seeds}" if args.seeds else "")
+          + (f" --jobs {jobs}" if jobs > 1 else ""))
 
 
 def run(exp: Experiment, args, *, sync_docs: bool = False) -> dict:
@@ -437,11 +439,13 @@ def run(exp: Experiment, args, *, sync_docs: bool = False) -> dict:
     config = dict(config, seeds=int(args.seeds))
   units = exp.units(config)
   os.makedirs(args.out, exist_ok=True)
+  jobs = int(getattr(args, "jobs", None) or 1)
   results, seconds, ran, provenance = run_units(units, os.path.join(args.out, "cache"),
-                                                 exp.name, args.no_progress)
+                                                 exp.name, args.no_progress, jobs=jobs,
+                                                 source=(exp.module, config))
   data = _collect(exp, config, results)
   report = {"experiment": exp.name, "command": command(exp.name, args), "config": config,
-            "machine": machine(), "seconds": seconds.pop("_total"),
+            "machine": machine(), "jobs": jobs, "seconds": seconds.pop("_total"),
             "unit_seconds": sum(seconds.values()), "units_run": ran, "units": provenance,
             "testbeds": testbeds_in([u.spec for u in units.values()]), "data": data}
   return write(exp, report, args.out, sync_docs=sync_docs)
@@ -456,29 +460,66 @@ def _collect(exp: Experiment, config: dict, results: Mapping[str, dict]) -> dict
           for uid, r in results.items()}
 
 
-def run_units(units: Mapping[str, Unit], cache_dir: str, desc: str, no_progress: bool = False):
+def usable_cpus() -> list[int]:
+  """The CPU cores this process may run on (its affinity mask; all cores where there is none)."""
+  try:
+    return sorted(os.sched_getaffinity(0))
+  except (AttributeError, OSError):
+    return list(range(os.cpu_count() or 1))
+
+
+def check_jobs(jobs: int) -> None:
+  """Refuses (ValueError, one line) a worker count below 1 or above the usable cores."""
+  cores = len(usable_cpus())
+  if jobs < 1 or jobs > cores:
+    raise ValueError(f"--jobs {jobs}: must be between 1 and the {cores} CPU cores this process "
+                     "may use (one worker process per share of them)")
+
+
+def run_units(units: Mapping[str, Unit], cache_dir: str, desc: str, no_progress: bool = False,
+              *, jobs: int = 1, source: tuple[str, Mapping] | None = None):
   """Run (or load from ``cache_dir``) every unit. Returns (results, seconds per unit and
   "_total", ids run now, provenance per unit: the machine, commit and code version that computed
   it and the testbeds it started from). Refuses units that start from two pinned policies, or
-  that read two pinned datasets of one system."""
+  that read two pinned datasets of one system.
+
+  ``jobs`` > 1 runs the missing units in that many worker processes (``_run_in_workers``),
+  each pinned to its own share of the usable cores; ``source`` = (module, config) rebuilds the
+  units there (``module``'s ``EXPERIMENT.units(config)`` must be ``units``). A unit's numbers
+  then come from a program on fewer cores: the same computation, but XLA splits its reductions
+  by the thread count, so they agree with an in-process run within the cross-program tolerance
+  (``tests/experiments/test_mc_grpo.py``), not bitwise; each unit's provenance records the cores
+  it ran on (``cpus_usable``)."""
   check_one_testbed([u.spec for u in units.values()], desc)
+  check_jobs(jobs)
+  if jobs > 1 and source is None:
+    raise ValueError("run_units: jobs > 1 needs source=(module, config) to rebuild the units in "
+                     "the worker processes")
   cache = UnitCache(cache_dir)
   t0 = time.perf_counter()
   results, seconds, ran, provenance = {}, {}, [], {}
   bar = progress_lib.bar(total=sum(u.weight for u in units.values()), desc=desc,
                          disable=no_progress)
+  keys = {uid: unit_key(unit) for uid, unit in units.items()}
+  if jobs > 1:
+    todo = [uid for uid in units if cache.load_entry(uid, keys[uid]) is None]
+    if todo:
+      _run_in_workers(todo, units, cache_dir, jobs, source, bar)
+      ran.extend(todo)
+      for uid in todo:
+        if cache.load_entry(uid, keys[uid]) is None:
+          raise RuntimeError(f"unit {uid}: its worker finished, but no result is in "
+                             f"{cache_dir} under this run's key (the unit's spec or code "
+                             "differs between processes)")
   for uid, unit in units.items():
     bar.set_postfix_str(uid)
-    key = unit_key(unit)
+    key = keys[uid]
     entry = cache.load_entry(uid, key)
     if entry is None:
-      t = time.perf_counter()
-      result = unit.run(bar.update)
-      prov = dict(machine(), code=key["code"], testbeds=testbeds_in(unit.spec))
-      cache.save(uid, key, result, time.perf_counter() - t, prov)
+      _save_run(cache, uid, unit, key, bar.update)
       ran.append(uid)
       entry = cache.load_entry(uid, key)  # exactly what a resumed run sees
-    else:
+    elif uid not in ran:
       bar.update(unit.weight)
     results[uid], seconds[uid], provenance[uid] = (entry["result"], entry["seconds"],
                                                    entry["provenance"])
@@ -486,6 +527,88 @@ def run_units(units: Mapping[str, Unit], cache_dir: str, desc: str, no_progress:
   seconds["_total"] = time.perf_counter() - t0
   return results, seconds, ran, provenance
 
+
+
+def _save_run(cache: UnitCache, uid: str, unit: Unit, key: Mapping, progress) -> None:
+  """Run ``unit`` and cache its result with its provenance."""
+  t = time.perf_counter()
+  result = unit.run(progress)
+  prov = dict(machine(), code=key["code"], testbeds=testbeds_in(unit.spec))
+  cache.save(uid, key, result, time.perf_counter() - t, prov)
+
+
+def _unit_worker(cpus: set, module: str, config: Mapping, cache_dir: str, tasks, events) -> None:
+  """A worker process of ``run_units``: pinned to ``cpus`` before JAX starts its backend, it
+  rebuilds the units (``module``'s ``EXPERIMENT.units(config)``), runs each id it takes from
+  ``tasks`` (None: stop) into the cache, and reports ("progress", id, n), ("done", id, None) or
+  ("error", id, traceback) on ``events``."""
+  import importlib
+  import traceback
+
+  os.sched_setaffinity(0, cpus)
+  uid = None
+  try:
+    units = importlib.import_module(module).EXPERIMENT.units(config)
+    cache = UnitCache(cache_dir)
+    while (uid := tasks.get()) is not None:
+      _save_run(cache, uid, units[uid], unit_key(units[uid]),
+                lambda n, uid=uid: events.put(("progress", uid, n)))
+      events.put(("done", uid, None))
+  except BaseException:
+    events.put(("error", uid, traceback.format_exc()))
+
+
+def _run_in_workers(todo: Sequence[str], units: Mapping[str, Unit], cache_dir: str, jobs: int,
+                    source: tuple[str, Mapping], bar, poll: float = 1.0) -> None:
+  """Run the units ``todo`` in ``jobs`` spawned worker processes (``_unit_worker``), the
+  heaviest first; worker i is pinned to every ``jobs``-th usable core from the i-th. Returns when
+  every unit is cached; raises RuntimeError, naming the unit, when a unit fails or a worker dies
+  (the other workers are stopped; finished units stay cached, so a rerun resumes)."""
+  import multiprocessing
+  import queue
+
+  ctx = multiprocessing.get_context("spawn")
+  cpus = usable_cpus()
+  tasks, events = ctx.Queue(), ctx.Queue()
+  n = min(jobs, len(todo))
+  for uid in sorted(todo, key=lambda u: -units[u].weight):
+    tasks.put(uid)
+  for _ in range(n):
+    tasks.put(None)
+  module, config = source
+  procs = [ctx.Process(target=_unit_worker, daemon=True,
+                       args=(set(cpus[i::jobs]), module, config, cache_dir, tasks, events))
+           for i in range(n)]
+  for p in procs:
+    p.start()
+  pending, running = set(todo), {}
+  try:
+    while pending:
+      try:
+        kind, uid, detail = events.get(timeout=poll)
+      except queue.Empty:
+        dead = [p for p in procs if p.exitcode is not None]
+        if dead and (any(p.exitcode != 0 for p in dead) or len(dead) == n):
+          p = next((p for p in dead if p.exitcode != 0), dead[0])
+          raise RuntimeError(f"a unit worker process exited with status {p.exitcode} before "
+                             f"finishing units {', '.join(sorted(pending))}") from None
+        continue
+      if kind == "error":
+        raise RuntimeError(f"unit {uid or '(building the units)'} failed in its worker "
+                           f"process:\n{detail}")
+      if kind == "progress":
+        running[uid] = True
+        bar.set_postfix_str(", ".join(sorted(running)))
+        bar.update(detail)
+      else:
+        pending.discard(uid)
+        running.pop(uid, None)
+  finally:
+    for p in procs:
+      if p.is_alive():
+        p.terminate()
+    for p in procs:
+      p.join(timeout=30)
 
 def write(exp: Experiment, report: dict, out_dir: str, *, sync_docs: bool = False) -> dict:
   """Judge ``report`` (``exp.summarize``), then write ``results.json``, ``table.md`` and the
@@ -570,7 +693,7 @@ def read_report(exp: Experiment, out_dir: str) -> dict:
 
 
 def replicate(exp: Experiment, out_dir: str, *, seeds: int | None = None,
-              seed_offset: int = 1000, no_progress: bool = False) -> dict:
+              seed_offset: int = 1000, no_progress: bool = False, jobs: int = 1) -> dict:
   """Rerun ``exp``'s main arms with fresh seeds from its pinned start, judge them as the table
   is judged, and compare with the committed ``out_dir/results.json``: writes the new run into
   ``out_dir/replication/`` and the comparison into ``out_dir/replication.md`` (printed).
@@ -603,12 +726,13 @@ def replicate(exp: Experiment, out_dir: str, *, seeds: int | None = None,
   rep_dir = replication_dir(out_dir, seeds, seed_offset)
   os.makedirs(rep_dir, exist_ok=True)
   results, secs, ran, provenance = run_units(units, os.path.join(rep_dir, "cache"),
-                                             f"{exp.name} replication", no_progress)
+                                             f"{exp.name} replication", no_progress, jobs=jobs,
+                                             source=(exp.module, config))
   data = _collect(exp, config, results)
   line = (f"python scripts/reproduce.py {exp.name} --replicate --seeds {seeds} "
           f"--seed-offset {seed_offset}")
   report = {"experiment": exp.name, "command": line, "config": config, "machine": machine(),
-            "seconds": secs.pop("_total"), "unit_seconds": sum(secs.values()), "units_run": ran,
+            "jobs": jobs, "seconds": secs.pop("_total"), "unit_seconds": sum(secs.values()), "units_run": ran,
             "units": provenance, "testbeds": beds, "data": data,
             "replication_of": {"commit": committed.get("machine", {}).get("commit"),
                                "seeds": n0, "seed_offset": o0}}

@@ -184,9 +184,12 @@ def wall_time(report: Mapping) -> str:
   full-size runs, that the run directories do not record it."""
   if report.get("unit_seconds") is None:
     return "Wall time: not recorded in the full-size run directories."
+  jobs = int(report.get("jobs") or 1)
+  workers = (f" with {jobs} worker processes, each on its own share of the cores"
+             if jobs > 1 else "")
   return (f"Wall time: {report['unit_seconds'] / 60:.1f} min of training and evaluation over "
-          f"all arms (this invocation {report['seconds'] / 60:.1f} min; cached arms are not "
-          f"rerun). {provenance_note(report)}")
+          f"all arms (this invocation {report['seconds'] / 60:.1f} min{workers}; cached arms "
+          f"are not rerun). {provenance_note(report)}")
 
 
 def provenance_note(report: Mapping) -> str:

@@ -1,0 +1,106 @@
+"""``run_units(jobs=N)``: a table's units in N worker processes, each pinned to its own cores;
+failures name the unit and never hang; an RL arm run in a worker agrees with the same arm run in
+this process within the cross-program tolerance."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import jobs_fixture
+from experiments import harness
+from rl_testutil import assert_moved, learning_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CORES = len(harness.usable_cpus())
+needs_two = pytest.mark.skipif(CORES < 2, reason="worker processes need 2 usable cores")
+
+
+def run(config, cache, jobs=2):
+  units = jobs_fixture.units(config)
+  return harness.run_units(units, str(cache), "jobs", True, jobs=jobs,
+                           source=("jobs_fixture", config))
+
+
+def test_check_jobs_refuses_counts_outside_the_usable_cores():
+  harness.check_jobs(1)
+  for bad in (0, -1, CORES + 1):
+    with pytest.raises(ValueError, match=f"--jobs {bad}: must be between 1 and the {CORES}"):
+      harness.check_jobs(bad)
+  if CORES > 1:
+    with pytest.raises(ValueError, match="needs source"):
+      harness.run_units(jobs_fixture.units({"units": {}}), "/nonexistent", "jobs", True, jobs=2)
+
+
+@needs_two
+def test_units_run_in_pinned_workers_and_a_rerun_loads_them(tmp_path):
+  # 3 s per unit: the second worker starts (imports JAX) before the first runs out of units
+  config = {"units": {"a": "where", "b": "where", "c": "where"}, "weights": {"c": 5},
+            "pause": 3.0}
+  results, seconds, ran, prov = run(config, tmp_path)
+  assert list(results) == ["a", "b", "c"] and sorted(ran) == ["a", "b", "c"]
+  pids = {r["pid"] for r in results.values()}
+  assert os.getpid() not in pids and len(pids) == 2  # both workers took units
+  for uid, r in results.items():
+    assert len(r["cpus"]) == CORES // 2 or len(r["cpus"]) == -(-CORES // 2)
+    assert prov[uid]["cpus_usable"] == len(r["cpus"])
+    np.testing.assert_array_equal(r["values"], np.arange(3.0))  # the .npz part came back
+  shares = {frozenset(r["cpus"]) for r in results.values()}  # one per worker, disjoint
+  assert len(shares) == 2 and not frozenset.intersection(*shares)
+  assert frozenset.union(*shares) == frozenset(harness.usable_cpus())
+  again = run(config, tmp_path)
+  assert again[2] == [] and again[0]["a"]["pid"] == results["a"]["pid"]
+
+
+@needs_two
+def test_a_failing_unit_is_named_and_the_finished_ones_stay_cached(tmp_path):
+  config = {"units": {"ok": "where", "bad": "fail"}, "pause": 0.1, "weights": {"ok": 2}}
+  with pytest.raises(RuntimeError, match="unit bad failed in its worker process") as e:
+    run(config, tmp_path)
+  assert "the unit's own error" in str(e.value)
+
+
+@needs_two
+def test_a_dead_worker_is_reported_not_waited_for(tmp_path):
+  config = {"units": {"x": "die", "y": "where"}, "pause": 0.1, "weights": {"x": 2}}
+  with pytest.raises(RuntimeError, match="exited with status 3 before finishing units x"):
+    run(config, tmp_path)
+
+
+@needs_two
+def test_an_rl_arm_in_a_worker_agrees_with_this_process(tmp_path):
+  """The same arm (2 seeds, 2 steps) run in a 1-core worker and here. The programs split their
+  reductions by thread count, so the contract is test_mc_grpo's cross-program tolerance, on
+  steps that moved: each step's reward within one rollout's reward, the gradient norm to 1e-3
+  relative, and each evaluation's pass@1 within one sample."""
+  dirs = dict(data_dir=str(tmp_path / "data"), cache_dir=str(tmp_path / "cache"))
+  cfg = learning_config(dirs, steps=2, eval_every=2)
+  config = {"units": {"arm": "arm"}, "arm": cfg}
+  here = harness.run_units(jobs_fixture.units(config), str(tmp_path / "here"), "jobs", True)
+  there = run(config, tmp_path / "there", jobs=CORES)
+  assert there[3]["arm"]["cpus_usable"] == 1 < here[3]["arm"]["cpus_usable"] == CORES
+  a, b = here[0]["arm"], there[0]["arm"]
+  rows = cfg["num_prompts"] * cfg["group_size"]
+  for step in range(2):
+    assert_moved({k: np.asarray(v[step]) for k, v in a["train"].items()}, f"step {step + 1}")
+    for s in range(2):
+      assert abs(a["train"]["reward"][step][s] - b["train"]["reward"][step][s]) <= 1 / rows
+      np.testing.assert_allclose(b["train"]["grad_norm"][step][s],
+                                 a["train"]["grad_norm"][step][s], rtol=1e-3)
+  samples = cfg["eval_problems"] * cfg["eval_samples"]
+  for ea, eb in zip(a["evals"], b["evals"]):
+    for sa, sb in zip(ea["per_seed"], eb["per_seed"]):
+      assert abs(sa["pass@1"] - sb["pass@1"]) <= 1 / samples + 1e-9
+
+
+def test_reproduce_refuses_bad_jobs_in_one_line():
+  for args, msg in ((["--jobs", "0"], "--jobs 0: must be between 1"),
+                    (["--jobs", str(CORES + 1)], f"--jobs {CORES + 1}: must be between 1"),
+                    (["--jobs", "2", "--rejudge"], "--rejudge trains none")):
+    if args[1] == "2" and CORES < 2:
+      continue
+    p = subprocess.run([sys.executable, "scripts/reproduce.py", "ace", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and msg in p.stderr, (args, p.stderr[-500:])
