@@ -529,6 +529,16 @@ def run_units(units: Mapping[str, Unit], cache_dir: str, desc: str, no_progress:
 
 
 
+# glibc malloc settings of the worker processes: one arena, no mmap, no trimming. XLA:CPU
+# allocates a program's temporaries (hundreds of MB for a table's vmapped step) at every
+# execution and frees them after; from a thread's own arena such a buffer is a fresh mmap, and
+# the kernel faults it in 4 KiB at a time at every step (a quarter of a table's CPU time went to
+# it, `BENCHMARKS.md`, "Issue 39 item 3"). From the one heap it is reused, fault-free. Allocation
+# only: the numbers are unchanged.
+WORKER_MALLOC = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
+                 "glibc.malloc.trim_threshold=68719476736")
+
+
 def _save_run(cache: UnitCache, uid: str, unit: Unit, key: Mapping, progress) -> None:
   """Run ``unit`` and cache its result with its provenance."""
   t = time.perf_counter()
@@ -569,6 +579,7 @@ def _run_in_workers(todo: Sequence[str], units: Mapping[str, Unit], cache_dir: s
 
   ctx = multiprocessing.get_context("spawn")
   cpus = usable_cpus()
+  tunables = os.environ.get("GLIBC_TUNABLES")
   tasks, events = ctx.Queue(), ctx.Queue()
   n = min(jobs, len(todo))
   for uid in sorted(todo, key=lambda u: -units[u].weight):
@@ -579,8 +590,17 @@ def _run_in_workers(todo: Sequence[str], units: Mapping[str, Unit], cache_dir: s
   procs = [ctx.Process(target=_unit_worker, daemon=True,
                        args=(set(cpus[i::jobs]), module, config, cache_dir, tasks, events))
            for i in range(n)]
-  for p in procs:
-    p.start()
+  # The workers' malloc keeps freed memory for reuse (``WORKER_MALLOC``); a spawned process
+  # reads the variable when it starts.
+  os.environ["GLIBC_TUNABLES"] = ":".join(filter(None, (tunables, WORKER_MALLOC)))
+  try:
+    for p in procs:
+      p.start()
+  finally:
+    if tunables is None:
+      del os.environ["GLIBC_TUNABLES"]
+    else:
+      os.environ["GLIBC_TUNABLES"] = tunables
   pending, running = set(todo), {}
   try:
     while pending:

@@ -16,7 +16,7 @@ def where(progress, pause: float) -> dict:
   time.sleep(pause)  # long enough that both workers take a unit
   progress(1)
   return {"pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0)),
-          "values": np.arange(3.0)}
+          "tunables": os.environ.get("GLIBC_TUNABLES"), "values": np.arange(3.0)}
 
 
 def fail(progress) -> dict:

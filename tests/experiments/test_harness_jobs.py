@@ -39,6 +39,7 @@ def test_units_run_in_pinned_workers_and_a_rerun_loads_them(tmp_path):
   # 3 s per unit: the second worker starts (imports JAX) before the first runs out of units
   config = {"units": {"a": "where", "b": "where", "c": "where"}, "weights": {"c": 5},
             "pause": 3.0}
+  before = os.environ.get("GLIBC_TUNABLES")
   results, seconds, ran, prov = run(config, tmp_path)
   assert list(results) == ["a", "b", "c"] and sorted(ran) == ["a", "b", "c"]
   pids = {r["pid"] for r in results.values()}
@@ -47,6 +48,8 @@ def test_units_run_in_pinned_workers_and_a_rerun_loads_them(tmp_path):
     assert len(r["cpus"]) == CORES // 2 or len(r["cpus"]) == -(-CORES // 2)
     assert prov[uid]["cpus_usable"] == len(r["cpus"])
     np.testing.assert_array_equal(r["values"], np.arange(3.0))  # the .npz part came back
+    assert r["tunables"].endswith(harness.WORKER_MALLOC)  # the workers' malloc settings
+  assert os.environ.get("GLIBC_TUNABLES") == before  # and this process's are as they were
   shares = {frozenset(r["cpus"]) for r in results.values()}  # one per worker, disjoint
   assert len(shares) == 2 and not frozenset.intersection(*shares)
   assert frozenset.union(*shares) == frozenset(harness.usable_cpus())
