@@ -233,3 +233,27 @@ def test_dot_in_step_refuses_unknown_variants(capsys):
   with pytest.raises(SystemExit) as e:
     dot_in_step.main(["--variants", "fast"])
   assert e.value.code == 2 and "unknown ['fast']" in capsys.readouterr().err
+
+
+def test_arm_profile_parts_add_up(tmp_path, capsys):
+  """scripts/benchmarks/arm_profile.py on mc_grpo's --quick design: the parts add up to the
+  extrapolated arm time, one step compilation serves every step, and --out is never
+  overwritten."""
+  from scripts.benchmarks import arm_profile
+
+  out = tmp_path / "arm.json"
+  arm_profile.main(["--quick", "--arm", "G2-mean", "--steps", "3", "--out", str(out)])
+  r = json.loads(out.read_text())
+  assert r["command"].endswith("--out " + str(out)) and r["machine"]["cpu_cores"] >= 1
+  assert r["step_compilations"] == 1 and r["seeds"] == 2 and r["design_evaluations"] == 1 + 2 * 3
+  assert sum(r["parts_s"].values()) == pytest.approx(r["arm_s_extrapolated"])
+  assert sum(r["shares"].values()) == pytest.approx(1.0)
+  assert r["parts_s"]["steps"] == pytest.approx(3 * r["step_s"]) and r["step_s"] > 0
+  assert all(v > 0 for v in r["single_seed_split_s"].values())
+  assert "| steps |" in r["report"] and "| steps |" in capsys.readouterr().out
+  with pytest.raises(SystemExit) as e:
+    arm_profile.main(["--quick", "--out", str(out)])
+  assert e.value.code == 2 and "exists; not overwritten" in capsys.readouterr().err
+  with pytest.raises(SystemExit) as e:
+    arm_profile.main(["--quick", "--arm", "G9-mode"])
+  assert e.value.code == 2 and "--arm G9-mode: not an arm of mc_grpo" in capsys.readouterr().err
