@@ -364,6 +364,10 @@ class UnitCache:
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in uid)
     return os.path.join(self.directory, f"{safe}-{digest(spec)}")
 
+  def has(self, uid: str, spec: Mapping) -> bool:
+    """Whether the unit is finished (its JSON, written last, is there)."""
+    return os.path.exists(self._stem(uid, spec) + ".json")
+
   def load(self, uid: str, spec: Mapping) -> tuple[dict, float] | None:
     """(result, seconds) of a finished unit, or None."""
     entry = self.load_entry(uid, spec)
@@ -502,15 +506,11 @@ def run_units(units: Mapping[str, Unit], cache_dir: str, desc: str, no_progress:
                          disable=no_progress)
   keys = {uid: unit_key(unit) for uid, unit in units.items()}
   if jobs > 1:
-    todo = [uid for uid in units if cache.load_entry(uid, keys[uid]) is None]
+    todo = [uid for uid in units if not cache.has(uid, keys[uid])]
+    bar.update(sum(u.weight for uid, u in units.items() if uid not in todo))
     if todo:
-      _run_in_workers(todo, units, cache_dir, jobs, source, bar)
+      _run_in_workers(todo, units, keys, cache_dir, jobs, source, bar)
       ran.extend(todo)
-      for uid in todo:
-        if cache.load_entry(uid, keys[uid]) is None:
-          raise RuntimeError(f"unit {uid}: its worker finished, but no result is in "
-                             f"{cache_dir} under this run's key (the unit's spec or code "
-                             "differs between processes)")
   for uid, unit in units.items():
     bar.set_postfix_str(uid)
     key = keys[uid]
@@ -519,7 +519,7 @@ def run_units(units: Mapping[str, Unit], cache_dir: str, desc: str, no_progress:
       _save_run(cache, uid, unit, key, bar.update)
       ran.append(uid)
       entry = cache.load_entry(uid, key)  # exactly what a resumed run sees
-    elif uid not in ran:
+    elif jobs == 1:
       bar.update(unit.weight)
     results[uid], seconds[uid], provenance[uid] = (entry["result"], entry["seconds"],
                                                    entry["provenance"])
@@ -528,13 +528,12 @@ def run_units(units: Mapping[str, Unit], cache_dir: str, desc: str, no_progress:
   return results, seconds, ran, provenance
 
 
-
 # glibc malloc settings of the worker processes: one arena, no mmap, no trimming. XLA:CPU
 # allocates a program's temporaries (hundreds of MB for a table's vmapped step) at every
 # execution and frees them after; from a thread's own arena such a buffer is a fresh mmap, and
-# the kernel faults it in 4 KiB at a time at every step (a quarter of a table's CPU time went to
-# it, `BENCHMARKS.md`, "Issue 39 item 3"). From the one heap it is reused, fault-free. Allocation
-# only: the numbers are unchanged.
+# the kernel faults it in 4 KiB at a time at every step (29% of two 1-core workers' CPU time on
+# the ACE table, `BENCHMARKS.md`, "Issue 39 item 3"). From the one heap it is reused without a
+# fault. Allocation only: the numbers are unchanged.
 WORKER_MALLOC = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
                  "glibc.malloc.trim_threshold=68719476736")
 
@@ -549,86 +548,130 @@ def _save_run(cache: UnitCache, uid: str, unit: Unit, key: Mapping, progress) ->
 
 def _unit_worker(cpus: set, module: str, config: Mapping, cache_dir: str, tasks, events) -> None:
   """A worker process of ``run_units``: pinned to ``cpus`` before JAX starts its backend, it
-  rebuilds the units (``module``'s ``EXPERIMENT.units(config)``), runs each id it takes from
-  ``tasks`` (None: stop) into the cache, and reports ("progress", id, n), ("done", id, None) or
-  ("error", id, traceback) on ``events``."""
+  rebuilds the units (``module``'s ``EXPERIMENT.units(config)``) and runs each (id, key digest)
+  it takes from ``tasks`` (None: stop) into the cache, refusing a unit whose key here differs
+  from the parent's. It sends ("start", id, None), ("progress", id, n), ("done", id, None) or
+  ("error", id, traceback) on its pipe ``events`` (sent at once, so the parent knows the unit a
+  worker held even when the worker is killed), and ends with the parent (SIGTERM when it dies)."""
   import importlib
   import traceback
 
-  os.sched_setaffinity(0, cpus)
   uid = None
   try:
+    _end_with_parent()
+    os.sched_setaffinity(0, cpus)
     units = importlib.import_module(module).EXPERIMENT.units(config)
     cache = UnitCache(cache_dir)
-    while (uid := tasks.get()) is not None:
-      _save_run(cache, uid, units[uid], unit_key(units[uid]),
-                lambda n, uid=uid: events.put(("progress", uid, n)))
-      events.put(("done", uid, None))
+    while (task := tasks.get()) is not None:
+      uid, parent_digest = task
+      events.send(("start", uid, None))
+      key = unit_key(units[uid])
+      if digest(key) != parent_digest:
+        raise RuntimeError(f"unit {uid}: its spec or code differs from the parent process's "
+                           "(were files changed during the run?); not run")
+      _save_run(cache, uid, units[uid], key, lambda n, uid=uid: events.send(("progress", uid, n)))
+      events.send(("done", uid, None))
   except BaseException:
-    events.put(("error", uid, traceback.format_exc()))
+    events.send(("error", uid, traceback.format_exc()))
+  finally:
+    events.close()
 
 
-def _run_in_workers(todo: Sequence[str], units: Mapping[str, Unit], cache_dir: str, jobs: int,
-                    source: tuple[str, Mapping], bar, poll: float = 1.0) -> None:
-  """Run the units ``todo`` in ``jobs`` spawned worker processes (``_unit_worker``), the
-  heaviest first; worker i is pinned to every ``jobs``-th usable core from the i-th. Returns when
-  every unit is cached; raises RuntimeError, naming the unit, when a unit fails or a worker dies
-  (the other workers are stopped; finished units stay cached, so a rerun resumes)."""
+def _end_with_parent() -> None:
+  """Have the kernel send this process SIGTERM when its parent dies (Linux ``prctl``)."""
+  import ctypes
+  import signal
+
+  try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+  except (OSError, AttributeError):
+    pass  # not Linux: a worker then outlives a killed parent until its units end
+
+
+def _run_in_workers(todo: Sequence[str], units: Mapping[str, Unit], keys: Mapping[str, Mapping],
+                    cache_dir: str, jobs: int, source: tuple[str, Mapping], bar,
+                    poll: float = 1.0) -> None:
+  """Run the units ``todo`` in spawned worker processes (``_unit_worker``), the heaviest first;
+  worker i is pinned to every ``jobs``-th usable core from the i-th, so a unit's cores depend on
+  ``jobs`` alone, not on how many units were left (min(jobs, len(todo)) workers). The first
+  worker runs alone until its first unit reports progress (data prepared, policy loaded,
+  programs compiled), so that no two processes build the same files at once. Returns when every
+  unit is cached; raises RuntimeError, naming the unit, when a unit fails or the worker holding
+  it dies (the other workers are stopped; finished units stay cached, so a rerun resumes)."""
   import multiprocessing
-  import queue
+  from multiprocessing.connection import wait
 
   ctx = multiprocessing.get_context("spawn")
   cpus = usable_cpus()
   tunables = os.environ.get("GLIBC_TUNABLES")
-  tasks, events = ctx.Queue(), ctx.Queue()
+  tasks = ctx.Queue()
   n = min(jobs, len(todo))
   for uid in sorted(todo, key=lambda u: -units[u].weight):
-    tasks.put(uid)
+    tasks.put((uid, digest(keys[uid])))
   for _ in range(n):
     tasks.put(None)
   module, config = source
-  procs = [ctx.Process(target=_unit_worker, daemon=True,
-                       args=(set(cpus[i::jobs]), module, config, cache_dir, tasks, events))
-           for i in range(n)]
-  # The workers' malloc keeps freed memory for reuse (``WORKER_MALLOC``); a spawned process
-  # reads the variable when it starts.
-  os.environ["GLIBC_TUNABLES"] = ":".join(filter(None, (tunables, WORKER_MALLOC)))
-  try:
-    for p in procs:
-      p.start()
-  finally:
-    if tunables is None:
-      del os.environ["GLIBC_TUNABLES"]
-    else:
-      os.environ["GLIBC_TUNABLES"] = tunables
-  pending, running = set(todo), {}
-  try:
-    while pending:
-      try:
-        kind, uid, detail = events.get(timeout=poll)
-      except queue.Empty:
-        dead = [p for p in procs if p.exitcode is not None]
-        if dead and (any(p.exitcode != 0 for p in dead) or len(dead) == n):
-          p = next((p for p in dead if p.exitcode != 0), dead[0])
-          raise RuntimeError(f"a unit worker process exited with status {p.exitcode} before "
-                             f"finishing units {', '.join(sorted(pending))}") from None
-        continue
-      if kind == "error":
-        raise RuntimeError(f"unit {uid or '(building the units)'} failed in its worker "
-                           f"process:\n{detail}")
-      if kind == "progress":
-        running[uid] = True
-        bar.set_postfix_str(", ".join(sorted(running)))
-        bar.update(detail)
+  procs, pipes = [], {}  # pipes: the read end of each started worker's events -> its process
+  pending, held = set(todo), {}
+
+  def start(upto):
+    # The workers' malloc keeps freed memory for reuse (``WORKER_MALLOC``); a spawned process
+    # reads the variable when it starts.
+    os.environ["GLIBC_TUNABLES"] = ":".join(filter(None, (tunables, WORKER_MALLOC)))
+    try:
+      while len(procs) < upto:
+        read, write = ctx.Pipe(duplex=False)
+        i = len(procs)
+        procs.append(ctx.Process(target=_unit_worker, daemon=True,
+                                 args=(set(cpus[i::jobs]), module, config, cache_dir, tasks,
+                                       write)))
+        pipes[read] = procs[-1]
+        procs[-1].start()
+        write.close()  # the worker holds it: its exit is this end's EOF
+    finally:
+      if tunables is None:
+        del os.environ["GLIBC_TUNABLES"]
       else:
-        pending.discard(uid)
-        running.pop(uid, None)
+        os.environ["GLIBC_TUNABLES"] = tunables
+
+  try:
+    start(1)
+    while pending:
+      if not pipes:
+        raise RuntimeError(f"every worker process ended before finishing units "
+                           f"{', '.join(sorted(pending))}")
+      for read in wait(list(pipes), timeout=poll):
+        try:
+          kind, uid, detail = read.recv()
+        except EOFError:  # the worker exited
+          proc = pipes.pop(read)
+          proc.join(timeout=30)
+          if held.get(proc) in pending:
+            raise RuntimeError(f"unit {held[proc]}: its worker process exited with status "
+                               f"{proc.exitcode} before finishing it") from None
+          continue
+        if kind == "error":
+          raise RuntimeError(f"unit {uid or '(building the units)'} failed in its worker "
+                             f"process:\n{detail}")
+        if kind == "start":
+          held[pipes[read]] = uid
+          continue
+        if len(procs) < n:  # the first unit is past its setup: the others may start
+          start(n)
+        if kind == "progress":
+          bar.set_postfix_str(", ".join(sorted(set(held.values()) & pending)))
+          bar.update(detail)
+        else:
+          pending.discard(uid)
   finally:
     for p in procs:
       if p.is_alive():
         p.terminate()
     for p in procs:
       p.join(timeout=30)
+    for read in pipes:
+      read.close()
+
 
 def write(exp: Experiment, report: dict, out_dir: str, *, sync_docs: bool = False) -> dict:
   """Judge ``report`` (``exp.summarize``), then write ``results.json``, ``table.md`` and the
@@ -750,9 +793,10 @@ def replicate(exp: Experiment, out_dir: str, *, seeds: int | None = None,
                                              source=(exp.module, config))
   data = _collect(exp, config, results)
   line = (f"python scripts/reproduce.py {exp.name} --replicate --seeds {seeds} "
-          f"--seed-offset {seed_offset}")
+          f"--seed-offset {seed_offset}" + (f" --jobs {jobs}" if jobs > 1 else ""))
   report = {"experiment": exp.name, "command": line, "config": config, "machine": machine(),
-            "jobs": jobs, "seconds": secs.pop("_total"), "unit_seconds": sum(secs.values()), "units_run": ran,
+            "jobs": jobs, "seconds": secs.pop("_total"), "unit_seconds": sum(secs.values()),
+            "units_run": ran,
             "units": provenance, "testbeds": beds, "data": data,
             "replication_of": {"commit": committed.get("machine", {}).get("commit"),
                                "seeds": n0, "seed_offset": o0}}

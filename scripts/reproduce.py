@@ -87,8 +87,8 @@ def main(argv=None):
   ap.add_argument("--jobs", type=int, default=1,
                   help="run the missing units (arms) in this many worker processes, each "
                        "pinned to its own share of the CPU cores (default 1: one process on "
-                       "all cores). On 2 cores, 2 jobs run a table's arms about 1.5x faster; "
-                       "a unit's numbers then agree with a 1-job run within the cross-program "
+                       "all cores). On 2 cores, 2 jobs ran the ACE table 1.46x faster; a "
+                       "unit's numbers then agree with a 1-job run within the cross-program "
                        "tolerance, not bitwise (experiments/harness.run_units)")
   ap.add_argument("--rejudge", action="store_true",
                   help="re-judge the claims of the results already in --out (no training), "
@@ -127,10 +127,11 @@ def _main(ap, args):
   exp = module.EXPERIMENT
   if args.jobs > 1:
     no_workers = [f for f, on in (("--rejudge", args.rejudge), ("--sync-docs", args.sync_docs),
-                                  ("--full", args.full), ("--recheck", bool(args.recheck)))
-                  if on]
+                                  ("--full", args.full)) if on]
     if no_workers:
       ap.error(f"--jobs runs units in worker processes: {no_workers[0]} trains none")
+    if args.recheck:
+      ap.error("--jobs: --recheck retrains the committed arms in this process, on all its cores")
     if args.replicate and exp.replicate_own:
       ap.error(f"--jobs: {args.experiment}'s own replication runs in one process")
   if args.sync_docs:

@@ -113,6 +113,8 @@ def main(argv=None) -> dict:
     ap.error("--steps must be >= 3 (the first compiles; the median needs two more)")
   if args.out and os.path.exists(args.out):
     ap.error(f"--out {args.out} exists; not overwritten")
+  if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+    ap.error(f"--out {args.out}: its directory does not exist")
   try:
     cfg, seeds = arm_setup(args.table, args.arm, args.quick)
   except KeyError as e:
@@ -124,7 +126,7 @@ def main(argv=None) -> dict:
   if args.out:
     given = sys.argv[1:] if argv is None else argv
     command = "python -m scripts.benchmarks.arm_profile " + " ".join(given)
-    with open(args.out, "w") as f:
+    with open(args.out, "x") as f:  # never over a file written meanwhile
       json.dump({"command": command.strip(), "machine": machine, **r, "report": text}, f,
                 indent=1)
   return r

@@ -36,7 +36,8 @@ def test_check_jobs_refuses_counts_outside_the_usable_cores():
 
 @needs_two
 def test_units_run_in_pinned_workers_and_a_rerun_loads_them(tmp_path):
-  # 3 s per unit: the second worker starts (imports JAX) before the first runs out of units
+  # 3 s per unit: the second worker starts (after the first unit's progress) and imports the
+  # fixture well before the first worker runs out of units
   config = {"units": {"a": "where", "b": "where", "c": "where"}, "weights": {"c": 5},
             "pause": 3.0}
   before = os.environ.get("GLIBC_TUNABLES")
@@ -58,7 +59,7 @@ def test_units_run_in_pinned_workers_and_a_rerun_loads_them(tmp_path):
 
 
 @needs_two
-def test_a_failing_unit_is_named_and_the_finished_ones_stay_cached(tmp_path):
+def test_a_failing_unit_is_named(tmp_path):
   config = {"units": {"ok": "where", "bad": "fail"}, "pause": 0.1, "weights": {"ok": 2}}
   with pytest.raises(RuntimeError, match="unit bad failed in its worker process") as e:
     run(config, tmp_path)
@@ -68,8 +69,21 @@ def test_a_failing_unit_is_named_and_the_finished_ones_stay_cached(tmp_path):
 @needs_two
 def test_a_dead_worker_is_reported_not_waited_for(tmp_path):
   config = {"units": {"x": "die", "y": "where"}, "pause": 0.1, "weights": {"x": 2}}
-  with pytest.raises(RuntimeError, match="exited with status 3 before finishing units x"):
+  with pytest.raises(RuntimeError, match="unit x: its worker process exited with status 3"):
     run(config, tmp_path)
+
+
+@needs_two
+def test_a_unit_whose_key_differs_in_the_worker_is_not_run(tmp_path, monkeypatch):
+  """The worker rebuilds the units; one whose spec or code differs from the parent's (files
+  changed during the run) is refused before it runs, not cached under another key."""
+  config = {"units": {"a": "where"}, "pause": 0.1}
+  units = jobs_fixture.units(config)
+  monkeypatch.setattr(harness, "unit_key", lambda u: {"spec": "the parent's", "code": "v1"})
+  with pytest.raises(RuntimeError, match="unit a: its spec or code differs from the parent"):
+    harness.run_units(units, str(tmp_path), "jobs", True, jobs=2,
+                      source=("jobs_fixture", config))
+  assert not [f for f in os.listdir(tmp_path) if f.endswith(".json")]  # nothing cached
 
 
 @needs_two
@@ -101,9 +115,10 @@ def test_an_rl_arm_in_a_worker_agrees_with_this_process(tmp_path):
 def test_reproduce_refuses_bad_jobs_in_one_line():
   for args, msg in ((["--jobs", "0"], "--jobs 0: must be between 1"),
                     (["--jobs", str(CORES + 1)], f"--jobs {CORES + 1}: must be between 1"),
-                    (["--jobs", "2", "--rejudge"], "--rejudge trains none")):
-    if args[1] == "2" and CORES < 2:
-      continue
+                    (["--jobs", "2", "--rejudge"], "--rejudge trains none"),
+                    (["--jobs", "2", "--recheck", "grpo"], "--recheck retrains the committed")):
+    if "--jobs" in args and args[1] == "2" and len(args) > 2 and CORES < 2:
+      continue  # --jobs 2 is refused first, for the cores
     p = subprocess.run([sys.executable, "scripts/reproduce.py", "ace", *args], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and msg in p.stderr, (args, p.stderr[-500:])
