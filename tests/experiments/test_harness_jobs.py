@@ -2,6 +2,7 @@
 failures name the unit and never hang; an RL arm run in a worker agrees with the same arm run in
 this process within the cross-program tolerance."""
 
+import json
 import os
 import subprocess
 import sys
@@ -122,3 +123,26 @@ def test_reproduce_refuses_bad_jobs_in_one_line():
     p = subprocess.run([sys.executable, "scripts/reproduce.py", "ace", *args], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and msg in p.stderr, (args, p.stderr[-500:])
+
+
+@needs_two
+@pytest.mark.slow
+def test_reproduce_ace_quick_with_two_jobs(tmp_path):
+  """The real path: ``reproduce.py ace --quick --jobs 2`` rebuilds the table's units from
+  ``experiments.ace`` in two 1-core workers (the first alone until its first step), caches both
+  arms and writes the table; its header says how it ran, and a rerun trains nothing."""
+  from scripts import reproduce
+
+  out = tmp_path / "ace"
+  reproduce.main(["ace", "--quick", "--jobs", "2", "--out", str(out), "--no-progress"])
+  res = json.loads((out / "results.json").read_text())
+  assert res["command"] == "python scripts/reproduce.py ace --quick --jobs 2"
+  assert res["jobs"] == 2 and sorted(res["units_run"]) == sorted(res["data"])
+  for uid, prov in res["units"].items():
+    assert prov["cpus_usable"] == len(harness.usable_cpus()) // 2, uid
+  for arm in res["data"].values():
+    assert arm["compilations"] == 1 and len(arm["train"]["reward"]) == res["config"]["steps"]
+  assert "with 2 worker processes, each on its own share of the cores" in (
+      out / "table.md").read_text()
+  reproduce.main(["ace", "--quick", "--jobs", "2", "--out", str(out), "--no-progress"])
+  assert json.loads((out / "results.json").read_text())["units_run"] == []
