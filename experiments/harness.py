@@ -33,7 +33,8 @@ from experiments.claims import (  # noqa: F401
 from experiments.report import (  # noqa: F401
     verdict_rows, sesoi_text, declared_text, rules_note, cell, diff_cell, pooled_sd, protocol_note,
     seeds_note, wall_time, provenance_note, machine_text, minutes, fmt, errorbars,
-    replication_markdown, chance_note, cpu_model, ISA_FLAGS, cpu_isa, isa_text, PACKAGES, machine)
+    replication_markdown, chance_note, cpu_model, ISA_FLAGS, cpu_isa, isa_text, PACKAGES, machine,
+    usable_cpus)
 from experiments.runs import (  # noqa: F401
     RunsError, read_run, run_local_keys, collect_runs, check_identities)
 from rlpost import progress as progress_lib
@@ -462,14 +463,6 @@ def _collect(exp: Experiment, config: dict, results: Mapping[str, dict]) -> dict
     return exp.collect(config, results)
   return {uid: {k: v for k, v in r.items() if not isinstance(v, np.ndarray)}
           for uid, r in results.items()}
-
-
-def usable_cpus() -> list[int]:
-  """The CPU cores this process may run on (its affinity mask; all cores where there is none)."""
-  try:
-    return sorted(os.sched_getaffinity(0))
-  except (AttributeError, OSError):
-    return list(range(os.cpu_count() or 1))
 
 
 def check_jobs(jobs: int) -> None:

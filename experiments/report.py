@@ -381,6 +381,14 @@ def _git(*args: str) -> str:
     return ""
 
 
+def usable_cpus() -> list[int]:
+  """The CPU cores this process may run on (its affinity mask; all cores where there is none)."""
+  try:
+    return sorted(os.sched_getaffinity(0))
+  except (AttributeError, OSError):
+    return list(range(os.cpu_count() or 1))
+
+
 def machine() -> dict:
   """The machine, environment and code a result was produced with: CPU model and vector
   extensions, cores (and those this process may use), XLA flags and thread settings, package
@@ -395,10 +403,7 @@ def machine() -> dict:
       pass
   import jax
 
-  try:
-    usable = len(os.sched_getaffinity(0))
-  except (AttributeError, OSError):
-    usable = os.cpu_count()
+  usable = len(usable_cpus())
   return {"cpu_model": cpu_model(), "cpu_isa": cpu_isa(), "processor": platform.machine(),
           "cpus": os.cpu_count(),
           "cpus_usable": usable, "platform": jax.devices()[0].platform,
